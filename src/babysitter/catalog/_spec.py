@@ -1,0 +1,71 @@
+"""The shape of one catalog entry, and how an entry becomes a Prometheus metric family.
+
+Every exporter, the docs, the dashboards and the alert rules take names from catalog entries;
+nothing else in the code base spells a metric name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+
+__all__ = ["Kind", "MetricSpec"]
+
+Kind = Literal["counter", "gauge", "histogram", "info"]
+Source = Literal["tracker", "node", "probe", "self"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric: its exposed name, type, unit, help text and label names.
+
+    ``name`` is the name as Prometheus stores it (counters end in ``_total``, info metrics in
+    ``_info``); histograms expose ``name_bucket``/``name_sum``/``name_count``.
+    """
+
+    name: str
+    kind: Kind
+    unit: str
+    help: str
+    labels: tuple[str, ...] = ()
+    source: Source = "tracker"
+    buckets: tuple[float, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.kind == "counter" and not self.name.endswith("_total"):
+            raise ValueError(f"counter {self.name!r} must end in _total")
+        if self.kind == "info" and not self.name.endswith("_info"):
+            raise ValueError(f"info metric {self.name!r} must end in _info")
+        if self.kind == "histogram" and not self.buckets:
+            raise ValueError(f"histogram {self.name!r} needs buckets")
+        if self.unit == "ratio" and not self.name.endswith("_ratio"):
+            raise ValueError(f"ratio metric {self.name!r} must end in _ratio")
+
+    @property
+    def base_name(self) -> str:
+        """The name prometheus_client's families take (it appends ``_total``/``_info`` itself)."""
+        if self.kind == "counter":
+            return self.name[: -len("_total")]
+        if self.kind == "info":
+            return self.name[: -len("_info")]
+        return self.name
+
+    def family(self, extra_labels: Sequence[str] = ()) -> Metric:
+        """A fresh, empty metric family for this entry; ``extra_labels`` go first (run, rank...)."""
+        labels = [*extra_labels, *self.labels]
+        if self.kind == "counter":
+            return CounterMetricFamily(self.base_name, self.help, labels=labels)
+        if self.kind == "gauge":
+            return GaugeMetricFamily(self.name, self.help, labels=labels)
+        if self.kind == "histogram":
+            return HistogramMetricFamily(self.name, self.help, labels=labels)
+        return InfoMetricFamily(self.base_name, self.help, labels=labels)

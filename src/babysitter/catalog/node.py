@@ -1,0 +1,153 @@
+"""Metrics of the node agent: per-GPU health, Xid errors, storage probe, checkpoint sentinel, collectors.
+
+Per-GPU series carry :data:`GPU_LABELS`; the agent adds no host label (Prometheus' ``instance`` is the host).
+"""
+
+from __future__ import annotations
+
+from babysitter.catalog._spec import MetricSpec
+
+__all__ = [
+    "CHECKPOINT_MISSING",
+    "COLLECTOR_DURATION",
+    "COLLECTOR_SUCCESS",
+    "GPU_CLOCK_EVENT_ACTIVE",
+    "GPU_ECC_ERRORS",
+    "GPU_ENERGY",
+    "GPU_LABELS",
+    "GPU_MEMORY_TOTAL",
+    "GPU_MEMORY_USED",
+    "GPU_NVLINK_ERRORS",
+    "GPU_PCIE_REPLAYS",
+    "GPU_POWER",
+    "GPU_POWER_LIMIT",
+    "GPU_REMAPPED_ROWS",
+    "GPU_SM_CLOCK",
+    "GPU_TEMPERATURE",
+    "GPU_TENSOR_ACTIVE",
+    "GPU_UP",
+    "GPU_UTILIZATION",
+    "GPU_XID_ERRORS",
+    "METRICS",
+    "STORAGE_FREE",
+    "STORAGE_PROBE_FSYNC",
+    "STORAGE_PROBE_WRITE",
+]
+
+GPU_LABELS = ("gpu", "uuid", "pci_bus_id", "model")
+
+
+def _gpu(name: str, kind: str, unit: str, help_: str, labels: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(name, kind, unit, help_, labels=(*GPU_LABELS, *labels), source="node")  # type: ignore[arg-type]
+
+
+GPU_UP = _gpu("gpu_up", "gauge", "", "1 when the GPU answers NVML/DCGM queries, 0 when it is lost.")
+GPU_UTILIZATION = _gpu(
+    "gpu_utilization_ratio", "gauge", "ratio", "Fraction of time a kernel was running (NVML utilization)."
+)
+GPU_TENSOR_ACTIVE = _gpu(
+    "gpu_tensor_active_ratio", "gauge", "ratio", "Fraction of cycles the tensor pipes were active (DCGM/GPM)."
+)
+GPU_MEMORY_USED = _gpu("gpu_memory_used_bytes", "gauge", "bytes", "Device memory in use.")
+GPU_MEMORY_TOTAL = _gpu("gpu_memory_total_bytes", "gauge", "bytes", "Device memory installed.")
+GPU_POWER = _gpu("gpu_power_watts", "gauge", "watts", "Power draw.")
+GPU_POWER_LIMIT = _gpu("gpu_power_limit_watts", "gauge", "watts", "Enforced power limit.")
+GPU_ENERGY = _gpu("gpu_energy_joules_total", "counter", "joules", "Energy used since the driver loaded.")
+GPU_TEMPERATURE = _gpu(
+    "gpu_temperature_celsius", "gauge", "celsius", "Temperature by sensor.", labels=("sensor",)
+)
+GPU_SM_CLOCK = _gpu("gpu_sm_clock_hertz", "gauge", "hertz", "SM clock.")
+GPU_CLOCK_EVENT_ACTIVE = _gpu(
+    "gpu_clock_event_active",
+    "gauge",
+    "",
+    "1 while a clock event (throttle) reason is active, by reason.",
+    labels=("reason",),
+)
+GPU_ECC_ERRORS = _gpu(
+    "gpu_ecc_errors_total", "counter", "", "ECC errors by type and counter scope.", labels=("type", "scope")
+)
+GPU_REMAPPED_ROWS = _gpu(
+    "gpu_remapped_rows", "gauge", "", "Remapped memory rows by state.", labels=("state",)
+)
+GPU_XID_ERRORS = _gpu(
+    "gpu_xid_errors_total",
+    "counter",
+    "",
+    "Xid errors seen, by Xid code and action bucket (repeats count).",
+    labels=("xid", "action"),
+)
+GPU_NVLINK_ERRORS = _gpu(
+    "gpu_nvlink_errors_total", "counter", "", "NVLink error counters by link and type.", labels=("link", "type")
+)
+GPU_PCIE_REPLAYS = _gpu("gpu_pcie_replays_total", "counter", "", "PCIe replay counter.")
+
+STORAGE_PROBE_WRITE = MetricSpec(
+    "storage_probe_write_seconds",
+    "gauge",
+    "seconds",
+    "Time of the last probe write in a checkpoint directory.",
+    labels=("path",),
+    source="node",
+)
+STORAGE_PROBE_FSYNC = MetricSpec(
+    "storage_probe_fsync_seconds",
+    "gauge",
+    "seconds",
+    "Time of the last probe fsync in a checkpoint directory.",
+    labels=("path",),
+    source="node",
+)
+STORAGE_FREE = MetricSpec(
+    "storage_free_bytes", "gauge", "bytes", "Free bytes on the file system of a checkpoint directory.",
+    labels=("path",), source="node",
+)
+CHECKPOINT_MISSING = MetricSpec(
+    "checkpoint_missing",
+    "gauge",
+    "",
+    "1 when a checkpoint the ledger says completed is missing or has the wrong size.",
+    labels=("run", "step"),
+    source="node",
+)
+COLLECTOR_SUCCESS = MetricSpec(
+    "babysitter_collector_success",
+    "gauge",
+    "",
+    "1 when the collector's last run succeeded.",
+    labels=("collector",),
+    source="node",
+)
+COLLECTOR_DURATION = MetricSpec(
+    "babysitter_collector_duration_seconds",
+    "gauge",
+    "seconds",
+    "Time the collector's last run took.",
+    labels=("collector",),
+    source="node",
+)
+
+METRICS: tuple[MetricSpec, ...] = (
+    GPU_UP,
+    GPU_UTILIZATION,
+    GPU_TENSOR_ACTIVE,
+    GPU_MEMORY_USED,
+    GPU_MEMORY_TOTAL,
+    GPU_POWER,
+    GPU_POWER_LIMIT,
+    GPU_ENERGY,
+    GPU_TEMPERATURE,
+    GPU_SM_CLOCK,
+    GPU_CLOCK_EVENT_ACTIVE,
+    GPU_ECC_ERRORS,
+    GPU_REMAPPED_ROWS,
+    GPU_XID_ERRORS,
+    GPU_NVLINK_ERRORS,
+    GPU_PCIE_REPLAYS,
+    STORAGE_PROBE_WRITE,
+    STORAGE_PROBE_FSYNC,
+    STORAGE_FREE,
+    CHECKPOINT_MISSING,
+    COLLECTOR_SUCCESS,
+    COLLECTOR_DURATION,
+)

@@ -1,0 +1,107 @@
+"""What the tracker tells a run's event sink (the goodput ledger), and what it reads back.
+
+The tracker never calls a sink on the per-step hot path: step boundaries are buffered in memory and
+handed over in batches by the tracker's housekeeping thread; checkpoint and phase events are called from
+their context managers. A sink must not raise (the tracker guards it anyway) and must not block for long.
+Times are Unix seconds (``time.time()`` scale), step numbers are global steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal, Protocol
+
+from prometheus_client.core import Metric
+
+__all__ = ["CheckpointKind", "NullEvents", "RunEvents"]
+
+CheckpointKind = Literal["save", "load"]
+
+
+class RunEvents(Protocol):
+    """A sink for run events; the ledger implements it, :class:`NullEvents` ignores everything."""
+
+    def incarnation_start(self, *, time: float, info: Mapping[str, object]) -> None:
+        """This process started tracking the run (``info``: host, pid, world_size, version, ...)."""
+
+    def progress(self, *, boundaries: Sequence[tuple[int, float]], data_wait_seconds: float) -> None:
+        """Steps finished since the last call: ``(global_step, unix_time_of_step_end)`` in order,
+        and the time spent blocked on the input pipeline over the same stretch."""
+
+    def checkpoint_begin(self, *, kind: CheckpointKind, step: int, time: float, path: str | None) -> None:
+        """A checkpoint save or load of ``step`` started (blocking part)."""
+
+    def checkpoint_end(
+        self,
+        *,
+        kind: CheckpointKind,
+        step: int,
+        time: float,
+        ok: bool,
+        nbytes: int | None,
+        path: str | None,
+    ) -> None:
+        """The checkpoint save or load of ``step`` ended, successfully or not."""
+
+    def phase_begin(self, *, name: str, time: float) -> None:
+        """A user-marked phase (``eval``, ...) started."""
+
+    def phase_end(self, *, name: str, time: float) -> None:
+        """The phase ended."""
+
+    def hang(self, *, time: float, step: int, seconds_since_step: float) -> None:
+        """The watchdog found no step finished for far longer than usual."""
+
+    def flush(self, *, durable: bool = False) -> None:
+        """Write buffered events; ``durable`` also fsyncs (checkpoint completion, shutdown)."""
+
+    def close(self, *, time: float, clean: bool) -> None:
+        """The tracker is closing; ``clean`` when training ended normally."""
+
+    def metrics(self, label_names: Sequence[str], label_values: Sequence[str], now: float) -> Iterable[Metric]:
+        """Metric families to add to the tracker's scrape (goodput, restarts, ledger errors)."""
+        ...
+
+
+class NullEvents:
+    """The sink used when no ledger is configured (and on ranks other than 0)."""
+
+    def incarnation_start(self, *, time: float, info: Mapping[str, object]) -> None:
+        """Ignored."""
+
+    def progress(self, *, boundaries: Sequence[tuple[int, float]], data_wait_seconds: float) -> None:
+        """Ignored."""
+
+    def checkpoint_begin(self, *, kind: CheckpointKind, step: int, time: float, path: str | None) -> None:
+        """Ignored."""
+
+    def checkpoint_end(
+        self,
+        *,
+        kind: CheckpointKind,
+        step: int,
+        time: float,
+        ok: bool,
+        nbytes: int | None,
+        path: str | None,
+    ) -> None:
+        """Ignored."""
+
+    def phase_begin(self, *, name: str, time: float) -> None:
+        """Ignored."""
+
+    def phase_end(self, *, name: str, time: float) -> None:
+        """Ignored."""
+
+    def hang(self, *, time: float, step: int, seconds_since_step: float) -> None:
+        """Ignored."""
+
+    def flush(self, *, durable: bool = False) -> None:
+        """Ignored."""
+
+    def close(self, *, time: float, clean: bool) -> None:
+        """Ignored."""
+
+    def metrics(self, label_names: Sequence[str], label_values: Sequence[str], now: float) -> Iterable[Metric]:
+        """No metrics."""
+        return ()
