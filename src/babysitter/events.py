@@ -24,9 +24,17 @@ class RunEvents(Protocol):
     def incarnation_start(self, *, time: float, info: Mapping[str, object]) -> None:
         """This process started tracking the run (``info``: host, pid, world_size, version, ...)."""
 
-    def progress(self, *, boundaries: Sequence[tuple[int, float]], data_wait_seconds: float) -> None:
-        """Steps finished since the last call: ``(global_step, unix_time_of_step_end)`` in order,
-        and the time spent blocked on the input pipeline over the same stretch."""
+    def progress(
+        self,
+        *,
+        boundaries: Sequence[tuple[int, float]],
+        data_wait_seconds: float,
+        model_flops: float,
+        peak_flops: float | None,
+    ) -> None:
+        """Steps finished since the last call: ``(global_step, unix_time_of_step_end)`` in order;
+        the time spent blocked on the input pipeline, and the model FLOPs this rank did, over the same
+        stretch; this rank's dense peak FLOP/s (None when unknown) so MFU can be plotted later."""
 
     def checkpoint_begin(self, *, kind: CheckpointKind, step: int, time: float, path: str | None) -> None:
         """A checkpoint save or load of ``step`` started (blocking part)."""
@@ -58,7 +66,9 @@ class RunEvents(Protocol):
     def close(self, *, time: float, clean: bool) -> None:
         """The tracker is closing; ``clean`` when training ended normally."""
 
-    def metrics(self, label_names: Sequence[str], label_values: Sequence[str], now: float) -> Iterable[Metric]:
+    def metrics(
+        self, label_names: Sequence[str], label_values: Sequence[str], now: float
+    ) -> Iterable[Metric]:
         """Metric families to add to the tracker's scrape (goodput, restarts, ledger errors)."""
         ...
 
@@ -69,7 +79,14 @@ class NullEvents:
     def incarnation_start(self, *, time: float, info: Mapping[str, object]) -> None:
         """Ignored."""
 
-    def progress(self, *, boundaries: Sequence[tuple[int, float]], data_wait_seconds: float) -> None:
+    def progress(
+        self,
+        *,
+        boundaries: Sequence[tuple[int, float]],
+        data_wait_seconds: float,
+        model_flops: float,
+        peak_flops: float | None,
+    ) -> None:
         """Ignored."""
 
     def checkpoint_begin(self, *, kind: CheckpointKind, step: int, time: float, path: str | None) -> None:
@@ -102,6 +119,8 @@ class NullEvents:
     def close(self, *, time: float, clean: bool) -> None:
         """Ignored."""
 
-    def metrics(self, label_names: Sequence[str], label_values: Sequence[str], now: float) -> Iterable[Metric]:
+    def metrics(
+        self, label_names: Sequence[str], label_values: Sequence[str], now: float
+    ) -> Iterable[Metric]:
         """No metrics."""
         return ()

@@ -165,7 +165,7 @@ def _ensure_dir(directory: Path) -> None:
         # Shared like /tmp: every user's trainers register here; the sticky bit stops them
         # deleting each other's files.
         with contextlib.suppress(OSError):
-            os.chmod(directory, 0o1777)
+            os.chmod(directory, 0o1777)  # noqa: S103 (sticky, shared like /tmp: see above)
     mode = directory.stat().st_mode
     if not stat.S_ISDIR(mode):
         raise NotADirectoryError(str(directory))

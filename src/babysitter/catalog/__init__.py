@@ -1,20 +1,21 @@
 """The one catalog of metrics: exporters, docs, dashboards and alert rules all read it.
 
-Domain modules hold the entries (:mod:`.train`, :mod:`.goodput`, :mod:`.node`, :mod:`.probe`,
+Domain modules hold the entries (:mod:`.train`, :mod:`.goodput`, :mod:`.node`, :mod:`.storage`, :mod:`.probe`,
 :mod:`.selfmon`); this module joins them and checks that no name is defined twice.
 """
 
 from __future__ import annotations
 
-from babysitter.catalog import goodput, node, probe, selfmon, train
+from babysitter.catalog import goodput, node, probe, selfmon, storage, train
 from babysitter.catalog._spec import Kind, MetricSpec
 
-__all__ = ["ALL", "Kind", "MetricSpec", "by_name", "goodput", "node", "probe", "selfmon", "train"]
+__all__ = ["ALL", "Kind", "MetricSpec", "by_name", "goodput", "node", "probe", "selfmon", "storage", "train"]
 
 ALL: tuple[MetricSpec, ...] = (
     *train.METRICS,
     *goodput.METRICS,
     *node.METRICS,
+    *storage.METRICS,
     *probe.METRICS,
     *selfmon.METRICS,
 )

@@ -8,7 +8,6 @@ from __future__ import annotations
 from babysitter.catalog._spec import MetricSpec
 
 __all__ = [
-    "CHECKPOINT_MISSING",
     "COLLECTOR_DURATION",
     "COLLECTOR_SUCCESS",
     "GPU_CLOCK_EVENT_ACTIVE",
@@ -29,9 +28,6 @@ __all__ = [
     "GPU_UTILIZATION",
     "GPU_XID_ERRORS",
     "METRICS",
-    "STORAGE_FREE",
-    "STORAGE_PROBE_FSYNC",
-    "STORAGE_PROBE_WRITE",
 ]
 
 GPU_LABELS = ("gpu", "uuid", "pci_bus_id", "model")
@@ -78,38 +74,14 @@ GPU_XID_ERRORS = _gpu(
     labels=("xid", "action"),
 )
 GPU_NVLINK_ERRORS = _gpu(
-    "gpu_nvlink_errors_total", "counter", "", "NVLink error counters by link and type.", labels=("link", "type")
+    "gpu_nvlink_errors_total",
+    "counter",
+    "",
+    "NVLink error counters by link and type.",
+    labels=("link", "type"),
 )
 GPU_PCIE_REPLAYS = _gpu("gpu_pcie_replays_total", "counter", "", "PCIe replay counter.")
 
-STORAGE_PROBE_WRITE = MetricSpec(
-    "storage_probe_write_seconds",
-    "gauge",
-    "seconds",
-    "Time of the last probe write in a checkpoint directory.",
-    labels=("path",),
-    source="node",
-)
-STORAGE_PROBE_FSYNC = MetricSpec(
-    "storage_probe_fsync_seconds",
-    "gauge",
-    "seconds",
-    "Time of the last probe fsync in a checkpoint directory.",
-    labels=("path",),
-    source="node",
-)
-STORAGE_FREE = MetricSpec(
-    "storage_free_bytes", "gauge", "bytes", "Free bytes on the file system of a checkpoint directory.",
-    labels=("path",), source="node",
-)
-CHECKPOINT_MISSING = MetricSpec(
-    "checkpoint_missing",
-    "gauge",
-    "",
-    "1 when a checkpoint the ledger says completed is missing or has the wrong size.",
-    labels=("run", "step"),
-    source="node",
-)
 COLLECTOR_SUCCESS = MetricSpec(
     "babysitter_collector_success",
     "gauge",
@@ -144,10 +116,6 @@ METRICS: tuple[MetricSpec, ...] = (
     GPU_XID_ERRORS,
     GPU_NVLINK_ERRORS,
     GPU_PCIE_REPLAYS,
-    STORAGE_PROBE_WRITE,
-    STORAGE_PROBE_FSYNC,
-    STORAGE_FREE,
-    CHECKPOINT_MISSING,
     COLLECTOR_SUCCESS,
     COLLECTOR_DURATION,
 )

@@ -1,7 +1,7 @@
 """Metrics the in-process tracker exports, one set per rank.
 
 Every series carries the labels ``run`` and ``rank`` plus the constant labels the user passes to
-``watch(labels=...)`` (for example ``cluster``); those are listed in :data:`TRACKER_LABELS`, not on each entry.
+``watch(labels=...)`` (for example ``cluster``); see :data:`TRACKER_LABELS`.
 """
 
 from __future__ import annotations

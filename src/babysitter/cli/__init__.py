@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, with every subcommand module that is present."""
     from babysitter import __version__
 
-    parser = argparse.ArgumentParser(prog="babysitter", description="MFU and goodput observability for LLM training.")
+    parser = argparse.ArgumentParser(
+        prog="babysitter", description="MFU and goodput observability for LLM training."
+    )
     parser.add_argument("--version", action="version", version=f"babysitter {__version__}")
     parser.add_argument("--log-level", default="INFO", help="Python logging level (default INFO).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -51,7 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -8,11 +8,12 @@ failed (with one log line per distinct error) and never fails the scrape.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client.core import Metric
 
-__all__ = ["Collector"]
+__all__ = ["Collector", "GpuIdentity", "normalize_pci_bus_id"]
 
 
 class Collector(Protocol):
@@ -27,3 +28,34 @@ class Collector(Protocol):
     def close(self) -> None:
         """Release threads, handles and files; called once at agent shutdown."""
         ...
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """Who a GPU is, as every per-GPU series labels it (``gpu``, ``uuid``, ``pci_bus_id``, ``model``)."""
+
+    index: int
+    uuid: str
+    pci_bus_id: str
+    model: str
+
+    def label_values(self) -> tuple[str, str, str, str]:
+        """Values in the order of :data:`babysitter.catalog.node.GPU_LABELS`."""
+        return (str(self.index), self.uuid, normalize_pci_bus_id(self.pci_bus_id), self.model)
+
+
+def normalize_pci_bus_id(bus_id: str) -> str:
+    """One spelling for a PCI address: NVML's ``00000000:9B:00.0`` and the kernel log's ``0000:9b:00``
+    both become ``0000:9b:00``, so Xid lines map to the GPU that NVML reports."""
+    text = bus_id.strip().lower()
+    if text.startswith("pci:"):
+        text = text[4:]
+    text = text.split(".", 1)[0]
+    parts = text.split(":")
+    if len(parts) == 3:
+        domain, bus, device = parts
+        return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(device, 16):02x}"
+    if len(parts) == 2:
+        bus, device = parts
+        return f"0000:{int(bus, 16):02x}:{int(device, 16):02x}"
+    raise ValueError(f"not a PCI bus id: {bus_id!r}")
