@@ -14,13 +14,17 @@ __all__ = [
     "GPU_ECC_ERRORS",
     "GPU_ENERGY",
     "GPU_LABELS",
+    "GPU_MEMORY_CLOCK",
     "GPU_MEMORY_TOTAL",
     "GPU_MEMORY_USED",
     "GPU_NVLINK_ERRORS",
     "GPU_PCIE_REPLAYS",
     "GPU_POWER",
     "GPU_POWER_LIMIT",
+    "GPU_QUERY_ERRORS",
     "GPU_REMAPPED_ROWS",
+    "GPU_RETIRED_PAGES",
+    "GPU_RETIRED_PAGES_PENDING",
     "GPU_SM_CLOCK",
     "GPU_TEMPERATURE",
     "GPU_TENSOR_ACTIVE",
@@ -28,6 +32,11 @@ __all__ = [
     "GPU_UTILIZATION",
     "GPU_XID_ERRORS",
     "METRICS",
+    "NODE_INFO",
+    "TRAINERS",
+    "TRAINER_REGISTRATIONS_DROPPED",
+    "TRAINER_SCRAPE_DURATION",
+    "TRAINER_SCRAPE_SUCCESS",
 ]
 
 GPU_LABELS = ("gpu", "uuid", "pci_bus_id", "model")
@@ -53,6 +62,7 @@ GPU_TEMPERATURE = _gpu(
     "gpu_temperature_celsius", "gauge", "celsius", "Temperature by sensor.", labels=("sensor",)
 )
 GPU_SM_CLOCK = _gpu("gpu_sm_clock_hertz", "gauge", "hertz", "SM clock.")
+GPU_MEMORY_CLOCK = _gpu("gpu_memory_clock_hertz", "gauge", "hertz", "Memory clock.")
 GPU_CLOCK_EVENT_ACTIVE = _gpu(
     "gpu_clock_event_active",
     "gauge",
@@ -65,6 +75,19 @@ GPU_ECC_ERRORS = _gpu(
 )
 GPU_REMAPPED_ROWS = _gpu(
     "gpu_remapped_rows", "gauge", "", "Remapped memory rows by state.", labels=("state",)
+)
+GPU_RETIRED_PAGES = _gpu(
+    "gpu_retired_pages",
+    "gauge",
+    "",
+    "Memory pages retired by cause (pre-Ampere; Ampere and later remap rows instead).",
+    labels=("cause",),
+)
+GPU_RETIRED_PAGES_PENDING = _gpu(
+    "gpu_retired_pages_pending",
+    "gauge",
+    "",
+    "1 when a page retirement waits for the next GPU reset or driver reload.",
 )
 GPU_XID_ERRORS = _gpu(
     "gpu_xid_errors_total",
@@ -81,6 +104,52 @@ GPU_NVLINK_ERRORS = _gpu(
     labels=("link", "type"),
 )
 GPU_PCIE_REPLAYS = _gpu("gpu_pcie_replays_total", "counter", "", "PCIe replay counter.")
+GPU_QUERY_ERRORS = _gpu(
+    "babysitter_gpu_query_errors_total",
+    "counter",
+    "",
+    "GPU queries that failed with an error other than not-supported or GPU lost, by query and error.",
+    labels=("query", "error"),
+)
+
+NODE_INFO = MetricSpec(
+    "babysitter_node_agent_info",
+    "info",
+    "",
+    "The node agent's GPU backend (nvml, dcgm, simulated, none) and the driver version it reports.",
+    labels=("backend", "driver_version"),
+    source="node",
+)
+TRAINERS = MetricSpec(
+    "babysitter_trainers",
+    "gauge",
+    "",
+    "Live training-process endpoints registered on this host.",
+    source="node",
+)
+TRAINER_SCRAPE_SUCCESS = MetricSpec(
+    "babysitter_trainer_scrape_success",
+    "gauge",
+    "",
+    "1 when the agent's last fetch of a registered trainer endpoint succeeded.",
+    labels=("run", "rank"),
+    source="node",
+)
+TRAINER_SCRAPE_DURATION = MetricSpec(
+    "babysitter_trainer_scrape_duration_seconds",
+    "gauge",
+    "seconds",
+    "Time the agent's last fetch of a registered trainer endpoint took.",
+    labels=("run", "rank"),
+    source="node",
+)
+TRAINER_REGISTRATIONS_DROPPED = MetricSpec(
+    "babysitter_trainer_registrations_dropped_total",
+    "counter",
+    "",
+    "Trainer registrations the agent stopped serving because their process exited.",
+    source="node",
+)
 
 COLLECTOR_SUCCESS = MetricSpec(
     "babysitter_collector_success",
@@ -110,12 +179,21 @@ METRICS: tuple[MetricSpec, ...] = (
     GPU_ENERGY,
     GPU_TEMPERATURE,
     GPU_SM_CLOCK,
+    GPU_MEMORY_CLOCK,
     GPU_CLOCK_EVENT_ACTIVE,
     GPU_ECC_ERRORS,
     GPU_REMAPPED_ROWS,
+    GPU_RETIRED_PAGES,
+    GPU_RETIRED_PAGES_PENDING,
     GPU_XID_ERRORS,
     GPU_NVLINK_ERRORS,
     GPU_PCIE_REPLAYS,
+    GPU_QUERY_ERRORS,
     COLLECTOR_SUCCESS,
     COLLECTOR_DURATION,
+    NODE_INFO,
+    TRAINERS,
+    TRAINER_SCRAPE_SUCCESS,
+    TRAINER_SCRAPE_DURATION,
+    TRAINER_REGISTRATIONS_DROPPED,
 )
