@@ -1,0 +1,254 @@
+"""Turning ``watch()``'s arguments and the environment into a checked tracker configuration.
+
+Everything a user can get wrong is checked here, before training starts, with an error that says
+what to pass instead. What the environment gets wrong (a busy port, an unwritable directory) is not
+an error: the tracker reports it as a metric and one log line, and training goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from babysitter.dist import RankInfo, detect_rank
+from babysitter.export.http import TLSConfig
+from babysitter.labels import sanitize_value, validate_labels
+
+__all__ = ["FlopsChoice", "PeakChoice", "TrackerConfig", "resolve"]
+
+log = logging.getLogger("babysitter")
+
+DEFAULT_BASE_PORT = 9450
+_RUN_NAME = re.compile(r"[^A-Za-z0-9_.:-]+")
+
+
+@dataclass(frozen=True)
+class FlopsChoice:
+    """FLOPs per token and where they came from; ``None`` values mean unknown (no MFU)."""
+
+    model: float | None
+    hardware: float | None
+    source: str
+
+
+@dataclass(frozen=True)
+class PeakChoice:
+    """Dense peak FLOP/s of this rank's device for the training dtype, and where it came from."""
+
+    flops_per_second: float | None
+    device: str
+    dtype: str
+    source: str
+
+
+@dataclass(frozen=True)
+class TrackerConfig:
+    """Everything the tracker needs, checked."""
+
+    run: str
+    rank: RankInfo
+    labels: dict[str, str]
+    tokens_per_step: int | None
+    samples_per_step: int | None
+    flops: FlopsChoice
+    peak: PeakChoice
+    port: int | None
+    addr: str
+    tls: TLSConfig | None
+    registry_dir: Path | None
+    run_dir: Path | None
+    flush_interval: float
+    mfu_window: float
+    timing: str
+
+
+def _positive_number(name: str, value: object, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return number
+
+
+def _count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def _run_name(run: str | None, run_dir: Path | None, env: Mapping[str, str]) -> str:
+    candidates = [
+        run,
+        env.get("BABYSITTER_RUN"),
+        run_dir.name if run_dir is not None else None,
+        env.get("TORCHELASTIC_RUN_ID") if env.get("TORCHELASTIC_RUN_ID") not in (None, "", "none") else None,
+        env.get("SLURM_JOB_ID"),
+    ]
+    for candidate in candidates:
+        if candidate:
+            name = _RUN_NAME.sub("_", sanitize_value(candidate)).strip("_")
+            if name:
+                return name
+    return "unnamed"
+
+
+def _port(port: int | None, rank: RankInfo, env: Mapping[str, str]) -> int | None:
+    if port is None:
+        raw = env.get("BABYSITTER_PORT")
+        if raw is None:
+            return DEFAULT_BASE_PORT + rank.local_rank
+        try:
+            base = int(raw)
+        except ValueError:
+            raise ValueError(f"BABYSITTER_PORT={raw!r} is not an integer") from None
+        if base == 0:
+            return 0
+        port = base + rank.local_rank
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise TypeError(f"port must be an int, got {type(port).__name__}")
+    if port < 0:
+        return None  # negative: no HTTP endpoint at all (push-only or tests)
+    if port > 65535:
+        raise ValueError(f"port must be 0..65535 (0 = any free port, -1 = no endpoint), got {port}")
+    return port
+
+
+def _flops(
+    model: object,
+    flops_per_token: float | None,
+    hardware_flops_per_token: float | None,
+    seq_len: int | None,
+) -> FlopsChoice:
+    if flops_per_token is not None:
+        value = _positive_number("flops_per_token", flops_per_token)
+        hardware = (
+            _positive_number("hardware_flops_per_token", hardware_flops_per_token)
+            if hardware_flops_per_token is not None
+            else value
+        )
+        if hardware < value:
+            raise ValueError(
+                "hardware_flops_per_token counts recomputation and cannot be below flops_per_token"
+            )
+        return FlopsChoice(value, hardware, "explicit")
+    if model is None:
+        return FlopsChoice(None, None, "unknown")
+    try:
+        from babysitter import flops as flops_mod
+    except ImportError:  # pragma: no cover - the flops package ships with babysitter
+        return FlopsChoice(None, None, "unknown")
+    estimate = flops_mod.estimate(model, seq_len=seq_len)
+    hardware = estimate.hardware
+    if hardware_flops_per_token is not None:
+        hardware = _positive_number("hardware_flops_per_token", hardware_flops_per_token)
+    return FlopsChoice(float(estimate.model), float(hardware), str(estimate.source))
+
+
+def _peak(peak_flops: float | None, dtype: object, device: str | None) -> PeakChoice:
+    from babysitter import hardware
+
+    dtype_name = hardware.normalize_dtype(dtype) if dtype is not None else "bf16"
+    if peak_flops is not None:
+        value = _positive_number("peak_flops", peak_flops)
+        return PeakChoice(value, device or "user", dtype_name, "explicit")
+    name = device if device is not None else hardware.detect_device_name()
+    if name is None:
+        log.warning(
+            "babysitter: no accelerator found; MFU is not reported (pass peak_flops= to set the peak)"
+        )
+        return PeakChoice(None, "cpu", dtype_name, "none")
+    entry = hardware.lookup_peak(name, dtype_name)
+    if entry is None:
+        return PeakChoice(None, name, dtype_name, "unknown")
+    return PeakChoice(entry.flops_per_second, entry.device, entry.dtype, entry.source)
+
+
+def _timing(timing: str, model: object) -> str:
+    if timing not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"timing must be 'auto', 'cpu' or 'cuda', got {timing!r}")
+    if timing != "auto":
+        return timing
+    torch: Any = sys.modules.get("torch")
+    if torch is None:
+        return "cpu"
+    try:
+        if not torch.cuda.is_available():
+            return "cpu"
+        if model is not None and hasattr(model, "parameters"):
+            first = next(iter(model.parameters()), None)
+            if first is not None and first.device.type != "cuda":
+                return "cpu"
+        return "cuda"
+    except Exception:
+        return "cpu"
+
+
+def resolve(
+    *,
+    model: object,
+    run: str | None,
+    tokens_per_step: int | None,
+    samples_per_step: int | None,
+    flops_per_token: float | None,
+    hardware_flops_per_token: float | None,
+    seq_len: int | None,
+    peak_flops: float | None,
+    dtype: object,
+    device: str | None,
+    port: int | None,
+    addr: str,
+    tls: TLSConfig | None,
+    registry_dir: str | os.PathLike[str] | None,
+    run_dir: str | os.PathLike[str] | None,
+    labels: Mapping[str, object] | None,
+    flush_interval: float,
+    mfu_window: float,
+    timing: str,
+    env: Mapping[str, str] | None = None,
+) -> TrackerConfig:
+    """Check every argument; raise TypeError/ValueError naming the bad one."""
+    env = os.environ if env is None else env
+    rank = detect_rank(env)
+    run_path = Path(run_dir) if run_dir is not None else None
+    if tokens_per_step is not None:
+        tokens_per_step = _count("tokens_per_step", tokens_per_step)
+    if samples_per_step is not None:
+        samples_per_step = _count("samples_per_step", samples_per_step)
+    if seq_len is not None and _count("seq_len", seq_len) == 0:
+        raise ValueError("seq_len must be > 0")
+    if not isinstance(addr, str) or not addr:
+        raise ValueError("addr must be a non-empty address string such as '127.0.0.1' or '0.0.0.0'")
+    registry_path: Path | None = None
+    if registry_dir is not None:
+        registry_path = Path(registry_dir)
+    else:
+        from babysitter.registration import default_dir
+
+        registry_path = default_dir()
+    return TrackerConfig(
+        run=_run_name(run, run_path, env),
+        rank=rank,
+        labels=validate_labels(labels),
+        tokens_per_step=tokens_per_step,
+        samples_per_step=samples_per_step,
+        flops=_flops(model, flops_per_token, hardware_flops_per_token, seq_len),
+        peak=_peak(peak_flops, dtype, device),
+        port=_port(port, rank, env),
+        addr=addr,
+        tls=tls,
+        registry_dir=registry_path,
+        run_dir=run_path,
+        flush_interval=_positive_number("flush_interval", flush_interval),
+        mfu_window=_positive_number("mfu_window", mfu_window),
+        timing=_timing(timing, model),
+    )

@@ -1,0 +1,1 @@
+"""Exporters of tracker state: Prometheus (scrape) and OTLP (push)."""

@@ -1,0 +1,48 @@
+"""Label names and values from users and environments, checked at setup and bounded in size.
+
+Label values end up in every series of a run; an unbounded or odd value (a path, a stack trace, a
+newline) would blow up Prometheus' index or break the exposition format.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+__all__ = ["MAX_LABELS", "MAX_VALUE_LENGTH", "RESERVED", "sanitize_value", "validate_labels"]
+
+MAX_LABELS = 8
+MAX_VALUE_LENGTH = 128
+#: Names the tracker or the catalog already use, or that Prometheus treats specially.
+RESERVED = frozenset(
+    {"run", "rank", "le", "quantile", "cause", "phase", "where", "reason", "requested", "job", "instance"}
+)
+_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_BAD_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def sanitize_value(value: object) -> str:
+    """``value`` as a label value: control characters removed, at most :data:`MAX_VALUE_LENGTH` chars."""
+    text = _BAD_CHARS.sub("", str(value)).strip()
+    return text[:MAX_VALUE_LENGTH]
+
+
+def validate_labels(labels: Mapping[str, object] | None) -> dict[str, str]:
+    """Check user constant labels at setup; raise ValueError with the reason for any bad one."""
+    if labels is None:
+        return {}
+    if not isinstance(labels, Mapping):
+        raise TypeError(f"labels must be a mapping of label name to value, got {type(labels).__name__}")
+    if len(labels) > MAX_LABELS:
+        raise ValueError(f"at most {MAX_LABELS} constant labels are allowed, got {len(labels)}")
+    clean: dict[str, str] = {}
+    for name, value in labels.items():
+        if not isinstance(name, str) or not _NAME.match(name) or name.startswith("__"):
+            raise ValueError(f"invalid label name {name!r}: use [a-zA-Z_][a-zA-Z0-9_]*, not starting with __")
+        if name in RESERVED:
+            raise ValueError(f"label name {name!r} is reserved by babysitter; pick another name")
+        text = sanitize_value(value)
+        if not text:
+            raise ValueError(f"label {name!r} has an empty value")
+        clean[name] = text
+    return clean

@@ -1,0 +1,605 @@
+"""The in-process tracker: a hot path of plain field updates, and everything else off it.
+
+``step()`` runs once per optimizer step on the training thread. It reads the host clock, adds a few
+integers, writes three slots of a preallocated ring and, on CUDA, records one event. It takes no
+lock, reads no tensor, does no I/O and cannot raise into training. A housekeeping thread (and every
+scrape) folds the ring into histograms, feeds the run ledger, reads the loss and CUDA events once
+they are ready, and computes windowed MFU.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+
+from babysitter import __version__
+from babysitter._errors import Tally
+from babysitter._hist import Histogram, HistogramSnapshot
+from babysitter._setup import TrackerConfig
+from babysitter.catalog import train as T
+from babysitter.deferred import LossReader
+from babysitter.events import NullEvents, RunEvents
+from babysitter.timing import CudaStepTimer
+
+__all__ = ["CheckpointHandle", "Tracker", "TrackerSnapshot"]
+
+log = logging.getLogger("babysitter")
+
+_RING = 1 << 16  # step boundaries kept between folds: ~65k steps per flush interval
+_MASK = _RING - 1
+_MAX_PHASES = 16
+_MFU_WINDOW_MAX_STEPS = 4096
+_perf_ns = time.perf_counter_ns
+
+Item = TypeVar("Item")
+
+
+@dataclass(frozen=True)
+class TrackerSnapshot:
+    """Everything an exporter renders, read consistently at one moment."""
+
+    time: float
+    steps: int
+    step: int
+    last_step_time: float | None
+    tokens: int
+    samples: int
+    tokens_per_second: float | None
+    model_flops: float | None
+    hardware_flops: float | None
+    peak_flops: float | None
+    mfu: float | None
+    hfu: float | None
+    data_wait_seconds: float
+    phase_seconds: dict[str, float]
+    step_duration: HistogramSnapshot
+    checkpoint_save: HistogramSnapshot | None
+    checkpoint_load: HistogramSnapshot | None
+    checkpoint_bytes: int
+    checkpoint_last_success: float | None
+    checkpoint_failures: int
+    loss: float | None
+    nonfinite_loss: int
+    start_time: float
+    info: dict[str, str]
+    internal_errors: dict[str, int]
+    input_rejected: dict[str, int]
+
+
+class CheckpointHandle:
+    """What ``with tracker.checkpoint_save(...) as ckpt`` yields: set ``nbytes``/``path`` once known."""
+
+    __slots__ = ("kind", "nbytes", "path", "step")
+
+    def __init__(self, kind: str, step: int, nbytes: int | None, path: str | None) -> None:
+        self.kind = kind
+        self.step = step
+        self.nbytes = nbytes
+        self.path = path
+
+
+class _Timed:
+    """Base of the checkpoint and phase context managers: they pause the step clock."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        self._tracker = tracker
+        self._t0 = 0
+
+    def _elapsed_ns(self) -> int:
+        return _perf_ns() - self._t0
+
+
+class _CheckpointContext(_Timed):
+    def __init__(self, tracker: Tracker, handle: CheckpointHandle) -> None:
+        super().__init__(tracker)
+        self._handle = handle
+
+    def __enter__(self) -> CheckpointHandle:
+        self._t0 = _perf_ns()
+        self._tracker._checkpoint_begin(self._handle)
+        return self._handle
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._tracker._checkpoint_end(self._handle, self._elapsed_ns(), ok=exc_type is None)
+
+
+class _PhaseContext(_Timed):
+    def __init__(self, tracker: Tracker, name: str) -> None:
+        super().__init__(tracker)
+        self._name = name
+
+    def __enter__(self) -> None:
+        self._t0 = _perf_ns()
+        self._tracker._phase_begin(self._name)
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._tracker._phase_end(self._name, self._elapsed_ns())
+
+
+class Tracker:
+    """Per-process training metrics. Create it with :func:`babysitter.watch`.
+
+    >>> tracker = babysitter.watch(model, tokens_per_step=batch * seq_len, dtype="bf16")
+    >>> for batch in tracker.data(loader):
+    ...     loss = train_step(batch)
+    ...     tracker.step(loss=loss)
+    """
+
+    def __init__(
+        self,
+        config: TrackerConfig,
+        *,
+        events: RunEvents | None = None,
+        cuda_timer: CudaStepTimer | None = None,
+        loss_reader: LossReader | None = None,
+    ) -> None:
+        self.config = config
+        self.errors = Tally("internal error")
+        self.rejected = Tally("invalid input skipped")
+        self._events: RunEvents = events if events is not None else NullEvents()
+        self._timer = cuda_timer
+        self._loss_reader = loss_reader if loss_reader is not None else LossReader()
+        self._wall0 = time.time()
+        self._perf0 = _perf_ns()
+        self.start_time = self._wall0
+        # --- hot-path state: written only by the training thread ---
+        self._n = 0
+        self._step = 0
+        self._tokens = 0
+        self._samples = 0
+        self._default_tokens = config.tokens_per_step or 0
+        self._default_samples = config.samples_per_step or 0
+        self._data_wait_ns = 0
+        self._pause_ns = 0
+        self._loss: object = None
+        self._r_t = [0] * _RING
+        self._r_tok = [0] * _RING
+        self._r_pause = [0] * _RING
+        self._r_step = [0] * _RING
+        # --- folded state: guarded by _lock (housekeeping thread and scrapes) ---
+        self._lock = threading.Lock()
+        self._folded = 0
+        self._fold_tokens = 0
+        self._fold_data_wait_ns = 0
+        self._step_hist = Histogram(T.STEP_BUCKETS)
+        self._save_hist: Histogram | None = None
+        self._load_hist: Histogram | None = None
+        self._ckpt_bytes = 0
+        self._ckpt_last_success: float | None = None
+        self._ckpt_failures = 0
+        self._phase_ns: dict[str, int] = {}
+        self._active_pause = 0
+        self._closed = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._close_hooks: list[Callable[[], None]] = []
+        #: Set by :func:`babysitter.watch`: the registry holding this tracker's collector, and the
+        #: URL its metrics are served on (None without an HTTP endpoint).
+        self.registry: Any = None
+        self.metrics_url: str | None = None
+
+    # ------------------------------------------------------------------ hot path
+
+    def step(
+        self,
+        tokens: int | None = None,
+        samples: int | None = None,
+        loss: object = None,
+        *,
+        step: int | None = None,
+    ) -> None:
+        """Mark the end of one optimizer step. Never raises, never synchronizes the device.
+
+        ``tokens``/``samples``: processed by this rank in this step (default: ``tokens_per_step`` /
+        ``samples_per_step`` from :func:`watch`); pass Python ints (``batch.numel()`` is free, a
+        tensor sum is not). ``loss``: a number or a (device) tensor, read later off the hot path.
+        ``step``: the global step just completed, when the training loop knows it better.
+        """
+        try:
+            now = _perf_ns()
+            n = self._n
+            if tokens is None:
+                self._tokens += self._default_tokens
+            elif tokens.__class__ is int and tokens >= 0:
+                self._tokens += tokens
+            else:
+                self._add_slow("tokens", tokens)
+            if samples is None:
+                self._samples += self._default_samples
+            elif samples.__class__ is int and samples >= 0:
+                self._samples += samples
+            else:
+                self._add_slow("samples", samples)
+            if step is None:
+                self._step += 1
+            else:
+                self._set_step(step)
+            if loss is not None:
+                self._loss = loss
+            j = n & _MASK
+            self._r_t[j] = now
+            self._r_tok[j] = self._tokens
+            self._r_pause[j] = self._pause_ns
+            self._r_step[j] = self._step
+            if self._timer is not None:
+                self._timer.mark(n)
+            self._n = n + 1
+        except Exception as exc:
+            self.errors.record("step", exc)
+
+    def data(self, iterable: Iterable[Item]) -> Iterator[Item]:
+        """Yield from ``iterable``, counting the time spent blocked waiting for each item.
+
+        The loader's own exceptions propagate unchanged: they belong to the training script.
+        """
+        iterator = iter(iterable)
+        while True:
+            t0 = _perf_ns()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            self._data_wait_ns += _perf_ns() - t0
+            yield item
+
+    # ------------------------------------------------------------ slow paths
+
+    def _add_slow(self, what: str, value: object) -> None:
+        """Non-int or negative counts: accept integral non-negative numbers, count the rest."""
+        if value.__class__ is bool:
+            self.rejected.record(f"{what}_not_a_number", f"{what}={value!r}")
+            return
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            self.rejected.record(f"{what}_not_a_number", f"{what} of type {type(value).__name__}")
+            return
+        if hasattr(value, "device"):  # a tensor: float() just synchronized a device tensor; refuse
+            self.rejected.record(f"{what}_is_tensor", f"pass {what} as a Python int (e.g. batch.numel())")
+            return
+        if not math.isfinite(number):
+            self.rejected.record(f"{what}_not_finite", f"{what}={value!r}")
+            return
+        if number < 0:
+            self.rejected.record(f"{what}_negative", f"{what}={value!r}")
+            return
+        count = int(number)
+        if count != number:
+            self.rejected.record(f"{what}_not_integral", f"{what}={value!r}")
+            return
+        if what == "tokens":
+            self._tokens += count
+        else:
+            self._samples += count
+
+    def _set_step(self, step: object) -> None:
+        if step.__class__ is not int:
+            self.rejected.record("step_not_int", f"step={step!r}")
+            self._step += 1
+        elif step <= self._step and self._n > 0:  # type: ignore[operator, unused-ignore]
+            self.rejected.record("step_not_increasing", f"step {step} after {self._step}")
+            self._step += 1
+        else:
+            self._step = step  # type: ignore[assignment, unused-ignore]
+
+    # ----------------------------------------------- checkpoints and phases
+
+    def checkpoint_save(
+        self, step: int | None = None, nbytes: int | None = None, path: str | None = None
+    ) -> _CheckpointContext:
+        """Time the blocking part of a checkpoint save: ``with tracker.checkpoint_save(step=s) as c:``.
+
+        An exception in the body counts as a failed save and propagates. Set ``c.nbytes`` and
+        ``c.path`` inside the block if they are only known after writing.
+        """
+        return _CheckpointContext(self, CheckpointHandle("save", self._checked_step(step), nbytes, path))
+
+    def checkpoint_load(self, step: int | None = None, path: str | None = None) -> _CheckpointContext:
+        """Time a checkpoint load; on success the step counter continues from ``step``."""
+        return _CheckpointContext(self, CheckpointHandle("load", self._checked_step(step), None, path))
+
+    def phase(self, name: str) -> _PhaseContext:
+        """Mark a non-training phase (``"eval"``...): its time is kept out of step time and MFU."""
+        if not isinstance(name, str) or not name.isidentifier() or len(name) > 32:
+            raise ValueError(f"phase name must be a short identifier such as 'eval', got {name!r}")
+        return _PhaseContext(self, name)
+
+    def _checked_step(self, step: int | None) -> int:
+        if step is None:
+            return self._step
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        return step
+
+    def _checkpoint_begin(self, handle: CheckpointHandle) -> None:
+        try:
+            self._events.checkpoint_begin(
+                kind=handle.kind,  # type: ignore[arg-type]
+                step=handle.step,
+                time=time.time(),
+                path=handle.path,
+            )
+        except Exception as exc:
+            self.errors.record("ledger", exc)
+
+    def _checkpoint_end(self, handle: CheckpointHandle, elapsed_ns: int, *, ok: bool) -> None:
+        try:
+            self._pause_ns += elapsed_ns
+            seconds = elapsed_ns / 1e9
+            nbytes = handle.nbytes
+            if nbytes is not None and (nbytes.__class__ is not int or nbytes < 0):
+                self.rejected.record("checkpoint_nbytes_invalid", f"nbytes={nbytes!r}")
+                nbytes = None
+            with self._lock:
+                if handle.kind == "save":
+                    if self._save_hist is None:
+                        self._save_hist = Histogram(T.CHECKPOINT_BUCKETS)
+                    self._save_hist.observe(seconds)
+                    if ok:
+                        self._ckpt_bytes += nbytes or 0
+                        self._ckpt_last_success = time.time()
+                    else:
+                        self._ckpt_failures += 1
+                else:
+                    if self._load_hist is None:
+                        self._load_hist = Histogram(T.CHECKPOINT_BUCKETS)
+                    self._load_hist.observe(seconds)
+            if handle.kind == "load" and ok:
+                self._step = handle.step
+            self._events.checkpoint_end(
+                kind=handle.kind,  # type: ignore[arg-type]
+                step=handle.step,
+                time=time.time(),
+                ok=ok,
+                nbytes=nbytes,
+                path=handle.path,
+            )
+            if ok and handle.kind == "save":
+                self._events.flush(durable=True)
+        except Exception as exc:
+            self.errors.record("checkpoint", exc)
+
+    def _phase_begin(self, name: str) -> None:
+        try:
+            self._events.phase_begin(name=name, time=time.time())
+        except Exception as exc:
+            self.errors.record("ledger", exc)
+
+    def _phase_end(self, name: str, elapsed_ns: int) -> None:
+        try:
+            self._pause_ns += elapsed_ns
+            with self._lock:
+                if name not in self._phase_ns and len(self._phase_ns) >= _MAX_PHASES:
+                    self.rejected.record("too_many_phases", name)
+                    name = "other"
+                self._phase_ns[name] = self._phase_ns.get(name, 0) + elapsed_ns
+            self._events.phase_end(name=name, time=time.time())
+        except Exception as exc:
+            self.errors.record("phase", exc)
+
+    # ------------------------------------------------------ off the hot path
+
+    def _wall(self, perf_ns: int) -> float:
+        return self._wall0 + (perf_ns - self._perf0) / 1e9
+
+    def fold(self) -> None:
+        """Fold new step boundaries into the histogram and the ledger (housekeeping, scrapes)."""
+        with self._lock:
+            self._fold_locked()
+
+    def _fold_locked(self) -> None:
+        n = self._n
+        start = self._folded
+        if n - start > _RING:
+            self.errors.record("ring_overrun", f"{n - start - _RING} step boundaries not folded")
+            start = n - _RING
+        r_t, r_pause, r_step = self._r_t, self._r_pause, self._r_step
+        boundaries: list[tuple[int, float]] = []
+        oldest = max(0, n - _RING)
+        for i in range(start, n):
+            j = i & _MASK
+            if self._timer is None and i > oldest:
+                k = (i - 1) & _MASK
+                active_ns = (r_t[j] - r_t[k]) - (r_pause[j] - r_pause[k])
+                self._step_hist.observe(max(active_ns, 0) / 1e9)
+            boundaries.append((r_step[j], self._wall(r_t[j])))
+        self._folded = n
+        if self._timer is not None:
+            for seconds in self._timer.drain():
+                self._step_hist.observe(seconds)
+        tokens = self._r_tok[(n - 1) & _MASK] if n else 0
+        data_wait_ns = self._data_wait_ns
+        if boundaries:
+            flops = self.config.flops.model
+            try:
+                self._events.progress(
+                    boundaries=boundaries,
+                    data_wait_seconds=(data_wait_ns - self._fold_data_wait_ns) / 1e9,
+                    model_flops=(tokens - self._fold_tokens) * flops if flops else 0.0,
+                    peak_flops=self.config.peak.flops_per_second,
+                )
+            except Exception as exc:
+                self.errors.record("ledger", exc)
+            self._fold_tokens = tokens
+            self._fold_data_wait_ns = data_wait_ns
+
+    def _window_rate(self) -> float | None:
+        """Tokens per second of active (non-paused) time over the sliding window; None if unknown.
+
+        The window ends at the newest step boundary, or at now when no step finished for more than
+        twice the window's mean step time (a stall pulls the rate down, as ``rate()`` in PromQL would).
+        """
+        n = self._n
+        if n < 2:
+            return None
+        r_t, r_tok, r_pause = self._r_t, self._r_tok, self._r_pause
+        newest = (n - 1) & _MASK
+        t_end, tok_end, pause_end = r_t[newest], r_tok[newest], r_pause[newest]
+        horizon = t_end - int(self.config.mfu_window * 1e9)
+        first = n - 2
+        lowest = max(0, n - min(_RING, _MFU_WINDOW_MAX_STEPS))
+        while first > lowest and r_t[(first - 1) & _MASK] >= horizon:
+            first -= 1
+        j = first & _MASK
+        steps = n - 1 - first
+        active = (t_end - r_t[j]) - (pause_end - r_pause[j])
+        if active <= 0 or tok_end == r_tok[j]:
+            return 0.0 if active > 0 else None
+        now = _perf_ns()
+        stalled = now - t_end - (self._pause_ns - pause_end)
+        if stalled > 2 * active / steps:
+            active += stalled
+        return (tok_end - r_tok[j]) / (active / 1e9)
+
+    def snapshot(self) -> TrackerSnapshot:
+        """Fold, then read every exported value."""
+        with self._lock:
+            self._fold_locked()
+            n = self._n
+            flops = self.config.flops
+            peak = self.config.peak.flops_per_second
+            tokens = self._tokens
+            rate = self._window_rate() if tokens > 0 else None
+            mfu = hfu = None
+            if rate is not None and peak and flops.model is not None and flops.hardware is not None:
+                mfu = rate * flops.model / peak
+                hfu = rate * flops.hardware / peak
+            try:
+                self._loss_reader.poll(self._loss)
+            except Exception as exc:
+                self.errors.record("loss", exc)
+                self._loss = None
+            return TrackerSnapshot(
+                time=time.time(),
+                steps=n,
+                step=self._step,
+                last_step_time=self._wall(self._r_t[(n - 1) & _MASK]) if n else None,
+                tokens=tokens,
+                samples=self._samples,
+                tokens_per_second=rate,
+                model_flops=tokens * flops.model if flops.model is not None else None,
+                hardware_flops=tokens * flops.hardware if flops.hardware is not None else None,
+                peak_flops=peak,
+                mfu=mfu,
+                hfu=hfu,
+                data_wait_seconds=self._data_wait_ns / 1e9,
+                phase_seconds={k: v / 1e9 for k, v in self._phase_ns.items()},
+                step_duration=self._step_hist.snapshot(),
+                checkpoint_save=self._save_hist.snapshot() if self._save_hist else None,
+                checkpoint_load=self._load_hist.snapshot() if self._load_hist else None,
+                checkpoint_bytes=self._ckpt_bytes,
+                checkpoint_last_success=self._ckpt_last_success,
+                checkpoint_failures=self._ckpt_failures,
+                loss=self._loss_reader.value,
+                nonfinite_loss=self._loss_reader.nonfinite,
+                start_time=self.start_time,
+                info=self.info(),
+                internal_errors=self.errors.counts(),
+                input_rejected=self.rejected.counts(),
+            )
+
+    def info(self) -> dict[str, str]:
+        """Static facts exported as ``train_info``."""
+        config = self.config
+        return {
+            "version": __version__,
+            "device": config.peak.device,
+            "peak_dtype": config.peak.dtype,
+            "world_size": str(config.rank.world_size),
+            "local_rank": str(config.rank.local_rank),
+            "flops_source": config.flops.source,
+        }
+
+    def event_metrics(self, label_names: list[str], label_values: list[str]) -> Iterable[Any]:
+        """Metric families from the run-event sink (the ledger's goodput), guarded."""
+        try:
+            return list(self._events.metrics(label_names, label_values, time.time()))
+        except Exception as exc:
+            self.errors.record("ledger_metrics", exc)
+            return []
+
+    # --------------------------------------------------------- lifecycle
+
+    def start_housekeeping(self) -> None:
+        """Start the thread that folds state and feeds the ledger every ``flush_interval``."""
+        self._thread = threading.Thread(
+            target=self._housekeep_loop, name="babysitter-housekeeping", daemon=True
+        )
+        self._thread.start()
+
+    def _housekeep_loop(self) -> None:
+        while not self._stop.wait(self.config.flush_interval):
+            self.housekeep()
+
+    def housekeep(self) -> None:
+        """One pass: fold the ring, read the loss. Never raises."""
+        try:
+            with self._lock:
+                self._fold_locked()
+                try:
+                    self._loss_reader.poll(self._loss)
+                except Exception as exc:
+                    self.errors.record("loss", exc)
+                    self._loss = None
+        except Exception as exc:
+            self.errors.record("housekeeping", exc)
+
+    def close(self, *, clean: bool = True) -> None:
+        """Flush everything, close the ledger, stop serving metrics. Idempotent, never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._stop.set()
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join(timeout=5.0)
+            self.housekeep()
+            self._events.close(time=time.time(), clean=clean)
+        except Exception as exc:
+            self.errors.record("close", exc)
+        for hook in list(self._close_hooks):
+            try:
+                hook()
+            except Exception as exc:
+                self.errors.record("close", exc)
+
+    def add_close_hook(self, hook: Callable[[], None]) -> None:
+        """Run ``hook()`` at close (the exporters release their port and registration this way)."""
+        self._close_hooks.append(hook)
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close(clean=exc_type is None)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return self._closed
+
+    @property
+    def steps(self) -> int:
+        """Steps this process has marked."""
+        return self._n
+
+    @property
+    def global_step(self) -> int:
+        """The current global step."""
+        return self._step
+
+    def __repr__(self) -> str:
+        config = self.config
+        return f"<Tracker run={config.run!r} rank={config.rank.rank} steps={self._n}>"
