@@ -1,0 +1,26 @@
+"""The goodput ledger: a crash-safe JSON Lines record of a run, and the accounting computed from it.
+
+Rank 0's tracker writes it (:class:`LedgerWriter`) into the run directory on shared storage; the
+report (``babysitter report``) and the node agent's checkpoint sentinel (:func:`completed_checkpoints`)
+read it.
+"""
+
+from __future__ import annotations
+
+from babysitter.ledger.reader import (
+    DEFAULT_FILE_NAME,
+    CheckpointRecord,
+    LedgerFile,
+    completed_checkpoints,
+    read_ledger,
+)
+from babysitter.ledger.records import SCHEMA_VERSION
+
+__all__ = [
+    "DEFAULT_FILE_NAME",
+    "SCHEMA_VERSION",
+    "CheckpointRecord",
+    "LedgerFile",
+    "completed_checkpoints",
+    "read_ledger",
+]

@@ -1,0 +1,104 @@
+"""Reading a ledger that a killed process may have left torn: bad lines are skipped and counted.
+
+A line counts as *torn* when it is the unterminated last line of the file (SIGKILL or a full disk
+mid-write) or when it does not parse as JSON (a torn line that a later writer terminated with its
+own newline); *invalid* when it is JSON but not a record this version understands.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from babysitter.ledger.records import CheckpointEnd, Record, SchemaError, decode
+
+__all__ = ["DEFAULT_FILE_NAME", "CheckpointRecord", "LedgerFile", "completed_checkpoints", "read_ledger"]
+
+log = logging.getLogger(__name__)
+
+#: The ledger's file name in the run directory unless configured otherwise.
+DEFAULT_FILE_NAME = "babysitter-ledger.jsonl"
+
+
+@dataclass
+class LedgerFile:
+    """The records of a ledger file in file order, and what was skipped on the way."""
+
+    records: list[Record] = field(default_factory=list)
+    torn_lines: int = 0
+    invalid_lines: int = 0
+    size: int = 0
+    ends_with_newline: bool = True
+
+
+def _parse(data: bytes, only: bytes | None = None) -> LedgerFile:
+    out = LedgerFile(size=len(data), ends_with_newline=not data or data.endswith(b"\n"))
+    lines = data.split(b"\n")
+    if out.ends_with_newline:
+        lines.pop()  # the empty piece after the final newline
+    else:
+        tail = lines.pop()
+        if tail.strip(b"\x00 \t\r"):
+            out.torn_lines += 1
+    for raw in lines:
+        if only is not None and only not in raw:
+            continue
+        if not raw.strip(b"\x00 \t\r"):
+            continue
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            out.torn_lines += 1
+            continue
+        try:
+            out.records.append(decode(obj))
+        except SchemaError:
+            out.invalid_lines += 1
+    return out
+
+
+def read_ledger(path: Path) -> LedgerFile:
+    """All readable records of the ledger at ``path`` (an empty ledger when the file does not exist).
+
+    Raises OSError only when the file exists but cannot be read.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return LedgerFile()
+    return _parse(data)
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """A checkpoint save that the ledger says completed."""
+
+    step: int
+    path: str | None
+    nbytes: int | None
+    time: float
+
+
+def completed_checkpoints(run_dir: Path, *, file_name: str = DEFAULT_FILE_NAME) -> list[CheckpointRecord]:
+    """Checkpoint saves the run's ledger records as completed (``ok``), newest last.
+
+    For the node agent's checkpoint sentinel, which checks that these still exist with their size.
+    ``time`` is the Unix time (seconds) the save ended; ``path``/``nbytes`` are what the training script
+    passed (None when it passed nothing). Only lines of checkpoint ends are parsed, so this stays fast
+    on a month-long ledger. An absent ledger gives an empty list; torn lines are skipped. Raises OSError
+    only when the ledger exists but cannot be read.
+    """
+    try:
+        data = (run_dir / file_name).read_bytes()
+    except FileNotFoundError:
+        return []
+    parsed = _parse(data, only=b'"k":"cke"')
+    found = [
+        CheckpointRecord(step=r.step, path=r.path, nbytes=r.nbytes, time=r.t / 1_000_000)
+        for r in parsed.records
+        if isinstance(r, CheckpointEnd) and r.op == "save" and r.ok
+    ]
+    found.sort(key=lambda c: c.time)
+    return found
