@@ -1,0 +1,131 @@
+"""Device name strings (NVML, torch, rocm-smi, JAX device kinds, TPU accelerator types) to table rows.
+
+Matching is by whole tokens, never by substring: "NVIDIA L40S" contains "l4", "NVIDIA GH200 480GB"
+contains "h200" and "NVIDIA A100" contains "a10", and substring tables (Lightning's) pick the wrong
+row for exactly these. A name that says the model but not the variant, when variants differ in peak
+(a bare "H100"), resolves to nothing and says why, rather than guessing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from babysitter.hardware._table import PEAK_TABLE
+
+__all__ = ["DeviceMatch", "canonical_device"]
+
+_SPLIT = re.compile(r"[^a-z0-9]+")
+
+
+@dataclass(frozen=True)
+class DeviceMatch:
+    """The row a name maps to (None when none), and why not when it does not."""
+
+    device: str | None
+    reason: str = ""
+
+
+def _tokens(name: str) -> list[str]:
+    return [t for t in _SPLIT.split(name.lower()) if t]
+
+
+def _has_prefix(tokens: list[str], prefix: str) -> bool:
+    return any(t.startswith(prefix) for t in tokens)
+
+
+def _nvidia(tok: list[str], s: set[str]) -> DeviceMatch | None:
+    if "gb200" in s:
+        return DeviceMatch("GB200")
+    if "b200" in s:
+        return DeviceMatch("B200")
+    if "gh200" in s:
+        return DeviceMatch("GH200")
+    if "h200" in s:
+        # NVML reports the SXM part as plain "NVIDIA H200" (NVIDIA/mig-parted#120) and the PCIe card
+        # as "NVIDIA H200 NVL"; "SXM" in the name is accepted too.
+        return DeviceMatch("H200 NVL" if "nvl" in s else "H200 SXM")
+    if "h100" in s:
+        if "nvl" in s:  # "NVIDIA H100 NVL" (fastfetch-cli/fastfetch#1658)
+            return DeviceMatch("H100 NVL")
+        if _has_prefix(tok, "pcie") or "hbm2e" in s:  # "NVIDIA H100 PCIe"
+            return DeviceMatch("H100 PCIe")
+        if _has_prefix(tok, "sxm") or "hbm3" in s:  # "NVIDIA H100 80GB HBM3"
+            return DeviceMatch("H100 SXM")
+        return DeviceMatch(None, "H100 variant (SXM, PCIe, NVL) not in the name; their peaks differ")
+    if "a100" in s:
+        if _has_prefix(tok, "pcie"):  # "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"
+            return DeviceMatch("A100 PCIe")
+        # "NVIDIA A100-SXM4-80GB"; a name without the form factor also lands here, which changes
+        # no number: the datasheet gives SXM and PCIe the same peaks.
+        return DeviceMatch("A100 SXM")
+    if "l40s" in s:
+        return DeviceMatch("L40S")
+    if "l40" in s:
+        return DeviceMatch("L40")
+    if "l4" in s:
+        return DeviceMatch("L4")
+    if "a10g" in s:
+        return DeviceMatch("A10G")
+    if "a10" in s:
+        return DeviceMatch("A10")
+    if "v100" in s:
+        if _has_prefix(tok, "pcie"):
+            return DeviceMatch("V100 PCIe")
+        if _has_prefix(tok, "sxm"):  # "Tesla V100-SXM2-16GB"
+            return DeviceMatch("V100 SXM")
+        return DeviceMatch(None, "V100 variant (SXM2 or PCIe) not in the name; their peaks differ")
+    return None
+
+
+def _amd(s: set[str]) -> DeviceMatch | None:
+    if "mi325x" in s:
+        return DeviceMatch("MI325X")
+    if "mi300x" in s:
+        return DeviceMatch("MI300X")
+    if "mi250x" in s:
+        if "mi250" in s:
+            # Some ROCm releases name both parts "AMD Instinct MI250X / MI250" (one PCI id, 0x740c).
+            return DeviceMatch(None, "name covers both MI250X and MI250, whose peaks differ")
+        return DeviceMatch("MI250X")
+    return None
+
+
+_ACCELERATOR_TYPE = re.compile(r"v\d+[a-z]*(-\d+)?")
+
+
+def _tpu(text: str, s: set[str]) -> DeviceMatch | None:
+    # JAX device_kind: "TPU v4", "TPU v4 lite" (v4i), "TPU v5 lite" (v5e), "TPU v5" (v5p), "TPU v6 lite"
+    # (v6e), as in jax's Pallas tests; accelerator types (ACCELERATOR_TYPE, TPU_ACCELERATOR_TYPE):
+    # "v4-8", "v5litepod-16", "v5p-128", "v6e-8".
+    if "tpu" not in s and not _ACCELERATOR_TYPE.fullmatch(text.lower()):
+        return None
+    lite = "lite" in s
+    if "v4" in s and not lite:
+        return DeviceMatch("TPU v4")
+    if ("v5" in s and lite) or "v5e" in s or "v5litepod" in s:
+        return DeviceMatch("TPU v5e")
+    if "v5p" in s or "v5" in s:
+        return DeviceMatch("TPU v5p")
+    if ("v6" in s and lite) or "v6e" in s:
+        return DeviceMatch("TPU v6e")
+    return None
+
+
+def canonical_device(name: str) -> DeviceMatch:
+    """The peak-table row for a device name as NVML, torch, rocm-smi, JAX or a TPU VM spell it.
+
+    Canonical row names ("H100 SXM", "TPU v5e") map to themselves, so users can pass them as overrides.
+    """
+    text = name.strip()
+    if not text:
+        return DeviceMatch(None, "empty device name")
+    for row in PEAK_TABLE:
+        if text.lower() == row.lower():
+            return DeviceMatch(row)
+    tok = _tokens(text)
+    s = set(tok)
+    for match in (_nvidia(tok, s), _amd(s), _tpu(text, s)):
+        if match is not None:
+            return match
+    return DeviceMatch(None, "not in the peak table")
