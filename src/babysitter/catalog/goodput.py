@@ -7,9 +7,22 @@ from __future__ import annotations
 
 from babysitter.catalog._spec import MetricSpec
 
-__all__ = ["BADPUT_CAUSES", "BADPUT_SECONDS", "GOODPUT", "METRICS", "PRODUCTIVE_SECONDS", "RESTARTS"]
+__all__ = [
+    "BADPUT_CAUSES",
+    "BADPUT_SECONDS",
+    "GOODPUT",
+    "LEDGER_DROPPED_RECORDS",
+    "LEDGER_PENDING_BYTES",
+    "LEDGER_SKIPPED_LINES",
+    "LEDGER_WRITE_ERRORS",
+    "METRICS",
+    "PRODUCTIVE_SECONDS",
+    "RESTARTS",
+]
 
-#: The ledger's vocabulary for time that did not become kept progress (see DESIGN.md).
+#: The ledger's vocabulary for time that did not become kept progress (see DESIGN.md). ``eval`` is
+#: the phase named eval (or evaluation/validation/val); every other user-marked phase is ``phase``, so
+#: the label stays bounded whatever names a training script uses.
 BADPUT_CAUSES = (
     "startup",
     "checkpoint_load",
@@ -18,6 +31,7 @@ BADPUT_CAUSES = (
     "lost_progress",
     "downtime",
     "eval",
+    "phase",
     "hang",
     "other",
 )
@@ -45,4 +59,44 @@ RESTARTS = MetricSpec(
     "train_restarts_total", "counter", "", "Incarnations of this run after the first (restarts)."
 )
 
-METRICS: tuple[MetricSpec, ...] = (GOODPUT, PRODUCTIVE_SECONDS, BADPUT_SECONDS, RESTARTS)
+LEDGER_WRITE_ERRORS = MetricSpec(
+    "babysitter_ledger_write_errors_total",
+    "counter",
+    "",
+    "Failed ledger operations (read-only or full disk, lock lost...) by operation; records are retried.",
+    labels=("op",),
+    source="self",
+)
+LEDGER_SKIPPED_LINES = MetricSpec(
+    "babysitter_ledger_skipped_lines_total",
+    "counter",
+    "",
+    "Ledger lines skipped when this process read the ledger at start: torn (cut by a crash) or invalid.",
+    labels=("reason",),
+    source="self",
+)
+LEDGER_PENDING_BYTES = MetricSpec(
+    "babysitter_ledger_pending_bytes",
+    "gauge",
+    "bytes",
+    "Ledger bytes waiting to be written (grows while the ledger's storage fails).",
+    source="self",
+)
+LEDGER_DROPPED_RECORDS = MetricSpec(
+    "babysitter_ledger_dropped_records_total",
+    "counter",
+    "",
+    "Ledger lines dropped because the pending buffer was full while the storage kept failing.",
+    source="self",
+)
+
+METRICS: tuple[MetricSpec, ...] = (
+    GOODPUT,
+    PRODUCTIVE_SECONDS,
+    BADPUT_SECONDS,
+    RESTARTS,
+    LEDGER_WRITE_ERRORS,
+    LEDGER_SKIPPED_LINES,
+    LEDGER_PENDING_BYTES,
+    LEDGER_DROPPED_RECORDS,
+)

@@ -7,6 +7,8 @@ read it.
 
 from __future__ import annotations
 
+from babysitter.ledger.accounting import Accountant, Accounting
+from babysitter.ledger.lock import LedgerLockedError
 from babysitter.ledger.reader import (
     DEFAULT_FILE_NAME,
     CheckpointRecord,
@@ -15,12 +17,22 @@ from babysitter.ledger.reader import (
     read_ledger,
 )
 from babysitter.ledger.records import SCHEMA_VERSION
+from babysitter.ledger.summary import RunSummary, summarize
+from babysitter.ledger.timeline import Timeline
+from babysitter.ledger.writer import LedgerWriter
 
 __all__ = [
     "DEFAULT_FILE_NAME",
     "SCHEMA_VERSION",
+    "Accountant",
+    "Accounting",
     "CheckpointRecord",
     "LedgerFile",
+    "LedgerLockedError",
+    "LedgerWriter",
+    "RunSummary",
+    "Timeline",
     "completed_checkpoints",
     "read_ledger",
+    "summarize",
 ]

@@ -1,0 +1,415 @@
+"""Exact goodput accounting from a :class:`~babysitter.ledger.timeline.Timeline`.
+
+Every microsecond between the run's first start and the horizon (``now`` for a live or down run, the
+last record for one that ended) is given to exactly one bucket, gap by gap, so
+``productive + sum(badput) == wall`` holds in integers for any ledger:
+
+* explicit intervals (checkpoint load/save, user phases) take their overlap with a gap;
+* the rest of gap 0 is ``startup``; a gap in which the watchdog declared a hang is ``hang``;
+* the rest of a step's gap loses the step's data wait to ``data_stall``; what remains is productive
+  when the step was kept, or ``lost_progress`` when a later incarnation (or a rollback load) resumed from
+  an earlier step, i.e. the step is above the lowest resume step of everything that came after it;
+* an incarnation's tail (last boundary to its last sign of life) is ``lost_progress`` after a crash and
+  ``other`` after a clean end; between incarnations (and after a dead one, up to ``now``) it is
+  ``downtime``.
+
+The accountant is incremental: gaps older than a settle margin are classified once and kept as
+per-segment prefix sums, so a live writer's scrape costs the new steps, not the whole month.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_right
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from babysitter.catalog.goodput import BADPUT_CAUSES
+from babysitter.ledger.timeline import Incarnation, Timeline
+
+__all__ = ["Accountant", "Accounting", "TailMode"]
+
+#: What an open (live) incarnation's unfinished step counts as: ``other`` (reports), or nothing yet
+#: (``exclude``: live counters, which must never go down when the step then finishes).
+TailMode = Literal["other", "exclude"]
+
+_INF = 1 << 62
+US = 1_000_000
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """Where the wall time of a run (or of a window of it) went, in integer microseconds."""
+
+    start_us: int
+    horizon_us: int
+    productive_us: int
+    badput_us: dict[str, int]
+    #: Live only: the unfinished step at the horizon, not counted anywhere yet.
+    pending_us: int
+    restarts: int
+    incarnations: int
+
+    @property
+    def wall_us(self) -> int:
+        """Productive plus all badput: equal to ``horizon - start - pending`` exactly."""
+        return self.productive_us + sum(self.badput_us.values())
+
+    @property
+    def wall_seconds(self) -> float:
+        """Wall time in seconds."""
+        return self.wall_us / US
+
+    @property
+    def productive_seconds(self) -> float:
+        """Productive time in seconds."""
+        return self.productive_us / US
+
+    @property
+    def badput_seconds(self) -> dict[str, float]:
+        """Badput by cause, in seconds."""
+        return {cause: us / US for cause, us in self.badput_us.items()}
+
+    @property
+    def goodput(self) -> float:
+        """Productive over wall time (0 for an empty run)."""
+        wall = self.wall_us
+        return self.productive_us / wall if wall > 0 else 0.0
+
+
+@dataclass
+class _Pool:
+    """Step time that is productive or lost depending on later resumes: per segment, prefix sums."""
+
+    steps: list[array[int]] = field(default_factory=list)
+    cum: list[array[int]] = field(default_factory=list)
+    ordered: list[bool] = field(default_factory=list)
+
+    def add(self, seg: int, step: int, rem: int) -> None:
+        while len(self.steps) <= seg:
+            self.steps.append(array("q"))
+            self.cum.append(array("q"))
+            self.ordered.append(True)
+        steps, cum = self.steps[seg], self.cum[seg]
+        if steps and step < steps[-1]:
+            self.ordered[seg] = False
+        steps.append(step)
+        cum.append((cum[-1] if cum else 0) + rem)
+
+    def kept(self, seg: int, threshold: int) -> tuple[int, int]:
+        """``(kept, lost)`` of one segment when steps above ``threshold`` are lost."""
+        if seg >= len(self.steps) or not self.steps[seg]:
+            return 0, 0
+        steps, cum = self.steps[seg], self.cum[seg]
+        total = cum[-1]
+        if self.ordered[seg]:
+            idx = bisect_right(steps, threshold)
+            kept = cum[idx - 1] if idx else 0
+        else:
+            kept, prev = 0, 0
+            for s, c in zip(steps, cum, strict=True):
+                if s <= threshold:
+                    kept += c - prev
+                prev = c
+        return kept, total - kept
+
+
+@dataclass
+class _Cache:
+    stop: int
+    next_gap: int = 0
+    fixed: dict[str, int] = field(default_factory=dict)
+    pool: _Pool = field(default_factory=_Pool)
+
+
+class _Sink:
+    """Where one classification pass puts its results."""
+
+    def __init__(self, fixed: dict[str, int], pool: _Pool | None) -> None:
+        self.fixed = fixed
+        self.pool = pool
+        self.loose: list[tuple[int, int, int]] = []  # (segment, step, rem) when pool is None
+        self.pending = 0
+
+    def put(self, cause: str, us: int) -> None:
+        if us:
+            self.fixed[cause] = self.fixed.get(cause, 0) + us
+
+    def step(self, seg: int, step: int, rem: int) -> None:
+        if self.pool is not None:
+            self.pool.add(seg, step, rem)
+        else:
+            self.loose.append((seg, step, rem))
+
+
+def _classify(
+    inc: Incarnation,
+    j0: int,
+    j1: int,
+    *,
+    lo: int,
+    hi: int,
+    stop: int,
+    tail: str | None,
+    sink: _Sink,
+) -> None:
+    """Classify gaps ``j0..j1-1`` (``inc.n`` is the tail) clipped to ``[lo, hi]`` and the incarnation."""
+    n = inc.n
+    ends, steps, stall = inc.ends, inc.steps, inc.stall
+    begin = inc.begin
+    lo = max(lo, begin)
+    hi = min(hi, stop)
+    pieces = inc.pieces(stop)
+    piece_ends = [p[1] for p in pieces]
+    m = len(pieces)
+    hangs = inc.hang_gaps()
+    split_times = [t for t, _ in inc.splits()]
+    k = 0
+    put, step_sink = sink.put, sink.step
+    for j in range(j0, j1):
+        g0 = begin if j == 0 else ends[j - 1]
+        g1 = ends[j] if j < n else stop
+        c0 = g0 if g0 > lo else lo
+        c1 = g1 if g1 < hi else hi
+        if c1 <= c0:
+            continue
+        rem = c1 - c0
+        if m:
+            if k < m and piece_ends[k] <= c0:
+                k = bisect_right(piece_ends, c0, k)
+            kk = k
+            while kk < m and pieces[kk][0] < c1:
+                a = max(pieces[kk][0], c0)
+                b = min(pieces[kk][1], c1)
+                if b > a:
+                    put(pieces[kk][2], b - a)
+                    rem -= b - a
+                kk += 1
+        if rem <= 0:
+            continue
+        if j in hangs:
+            put("hang", rem)
+        elif j == 0 or n == 0:
+            put("startup", rem)
+        elif j == n:
+            if tail is None:
+                sink.pending += rem
+            else:
+                put(tail, rem)
+        else:
+            wait = stall[j]
+            if wait:
+                if c1 - c0 != g1 - g0:
+                    wait = wait * (c1 - c0) // (g1 - g0)
+                wait = min(wait, rem)
+                put("data_stall", wait)
+                rem -= wait
+            seg = 0 if not split_times else inc.segment_of_gap(j, split_times)
+            step_sink(seg, steps[j], rem)
+
+
+def _open_floor(inc: Incarnation) -> int:
+    """The earliest begin of an interval still open (gaps after it may still gain explicit badput)."""
+    floor = _INF
+    for span in inc.checkpoints:
+        if span.end is None:
+            floor = min(floor, span.begin)
+    for began in inc._open_phase.values():
+        floor = min(floor, began)
+    return floor
+
+
+class Accountant:
+    """Exact, incremental accounting over a timeline that may still be growing (the live writer)."""
+
+    def __init__(self, timeline: Timeline, *, settle_seconds: float = 60.0) -> None:
+        self.timeline = timeline
+        self._settle = round(settle_seconds * US)
+        self._caches: dict[int, _Cache] = {}
+
+    # -------------------------------------------------------------- layout
+
+    def _layout(self, now: int | None, live: bool) -> list[tuple[int, str | None, bool]]:
+        """Per incarnation: ``(stop, tail cause or None for pending, still growing)``."""
+        incs = self.timeline.incarnations
+        out: list[tuple[int, str | None, bool]] = []
+        for i, inc in enumerate(incs):
+            last = i == len(incs) - 1
+            clean_tail = "other" if inc.end is not None and inc.end.clean else "lost_progress"
+            if not last:
+                out.append((max(inc.begin, min(inc.last_t, incs[i + 1].begin)), clean_tail, False))
+            elif inc.end is None and live:
+                out.append((max(inc.last_t, now if now is not None else inc.last_t), None, True))
+            else:
+                out.append((inc.last_t, clean_tail, False))
+        return out
+
+    def _thresholds(self) -> list[list[int]]:
+        """Per incarnation, per segment: the step above which that segment's steps were lost."""
+        resumes: list[int | None] = []
+        shape: list[int] = []
+        for inc in self.timeline.incarnations:
+            splits = inc.splits()
+            resumes.append(inc.resume_step())
+            resumes.extend(step for _, step in splits)
+            shape.append(1 + len(splits))
+        suffix: list[int] = [_INF] * len(resumes)
+        best = _INF
+        for g in range(len(resumes) - 1, -1, -1):
+            suffix[g] = best
+            r = resumes[g]
+            if r is not None:
+                best = min(best, r)
+        out: list[list[int]] = []
+        g = 0
+        for count in shape:
+            out.append(suffix[g : g + count])
+            g += count
+        return out
+
+    # -------------------------------------------------------------- totals
+
+    def totals(self, *, now: float | None = None, live: bool = False, tail: str = "other") -> Accounting:
+        """The whole run up to the horizon.
+
+        ``now`` (Unix seconds): for a run that is down (no end record, not ``live``), downtime runs to
+        ``now``; for a ``live`` run, the last incarnation runs to ``now`` and its unfinished step counts as
+        ``tail`` (``"other"``) or is left pending (``"exclude"``). Without ``now`` the horizon is the
+        last record.
+        """
+        now_us = None if now is None else round(now * US)
+        incs = self.timeline.incarnations
+        fixed: dict[str, int] = {}
+        if not incs:
+            return self._result(0, 0, fixed, [], 0)
+        layout = self._layout(now_us, live)
+        thresholds = self._thresholds()
+        loose_all: list[tuple[int, list[tuple[int, int, int]], _Pool]] = []
+        pending = 0
+        for i, inc in enumerate(incs):
+            stop, tail_cause, growing = layout[i]
+            if growing and tail_cause is None and tail == "other":
+                tail_cause = "other"
+            cache = self._caches.get(i)
+            if cache is None or (cache.stop != stop and not growing):
+                cache = _Cache(stop=stop)
+                self._caches[i] = cache
+            # Finalize gaps that can no longer change.
+            n = inc.n
+            if growing:
+                watermark = min((now_us or inc.last_t) - self._settle, _open_floor(inc))
+                limit = bisect_right(inc.ends, watermark)
+            else:
+                limit = n
+            if limit > cache.next_gap:
+                _classify(
+                    inc,
+                    cache.next_gap,
+                    limit,
+                    lo=-_INF,
+                    hi=_INF,
+                    stop=stop,
+                    tail=None,
+                    sink=_Sink(cache.fixed, cache.pool),
+                )
+                cache.next_gap = limit
+            for cause, us in cache.fixed.items():
+                fixed[cause] = fixed.get(cause, 0) + us
+            # The rest, fresh every time.
+            sink = _Sink(fixed, None)
+            _classify(
+                inc,
+                cache.next_gap,
+                n + 1,
+                lo=-_INF,
+                hi=_INF,
+                stop=stop,
+                tail=tail_cause if not (growing and tail == "exclude") else None,
+                sink=sink,
+            )
+            pending += sink.pending
+            loose_all.append((i, sink.loose, cache.pool))
+            if i + 1 < len(incs):
+                fixed["downtime"] = fixed.get("downtime", 0) + max(0, incs[i + 1].begin - stop)
+            elif not growing and inc.end is None and now_us is not None and now_us > stop:
+                fixed["downtime"] = fixed.get("downtime", 0) + now_us - stop
+        productive, lost = 0, 0
+        for i, loose, pool in loose_all:
+            thr = thresholds[i]
+            for seg, limit_step in enumerate(thr):
+                kept, gone = pool.kept(seg, limit_step)
+                productive += kept
+                lost += gone
+            for seg, step, rem in loose:
+                if step > thr[min(seg, len(thr) - 1)]:
+                    lost += rem
+                else:
+                    productive += rem
+        fixed["lost_progress"] = fixed.get("lost_progress", 0) + lost
+        last_stop = layout[-1][0]
+        last_inc = incs[-1]
+        horizon = last_stop
+        if not layout[-1][2] and last_inc.end is None and now_us is not None:
+            horizon = max(horizon, now_us)
+        return self._result(incs[0].begin, horizon, fixed, [productive], pending)
+
+    def _result(
+        self, start: int, horizon: int, fixed: dict[str, int], productive: Iterable[int], pending: int
+    ) -> Accounting:
+        badput = {cause: fixed.get(cause, 0) for cause in BADPUT_CAUSES}
+        for cause, us in fixed.items():
+            if cause not in badput:  # pragma: no cover - every cause the classifier emits is listed
+                badput[cause] = us
+        return Accounting(
+            start_us=start,
+            horizon_us=horizon,
+            productive_us=sum(productive),
+            badput_us=badput,
+            pending_us=pending,
+            restarts=max(0, len(self.timeline.incarnations) - 1),
+            incarnations=len(self.timeline.incarnations),
+        )
+
+    # -------------------------------------------------------------- windows
+
+    def window(self, lo: float, hi: float, *, now: float | None = None, live: bool = False) -> Accounting:
+        """Accounting of the part of the run inside ``[lo, hi]`` (Unix seconds), e.g. the last hour.
+
+        Gaps that straddle ``lo`` are cut; their data wait is cut in proportion (integer arithmetic, so
+        the identity still holds exactly inside the window).
+        """
+        lo_us, hi_us = round(lo * US), round(hi * US)
+        now_us = None if now is None else round(now * US)
+        incs = self.timeline.incarnations
+        fixed: dict[str, int] = {}
+        if not incs or hi_us <= lo_us:
+            return self._result(lo_us, hi_us, fixed, [], 0)
+        layout = self._layout(now_us, live)
+        thresholds = self._thresholds()
+        productive = 0
+        lost = 0
+        for i, inc in enumerate(incs):
+            stop, tail_cause, growing = layout[i]
+            if growing and tail_cause is None:
+                tail_cause = "other"
+            if stop > lo_us and inc.begin < hi_us:
+                j0 = bisect_right(inc.ends, lo_us)
+                j1 = min(inc.n, bisect_right(inc.ends, hi_us)) + 1
+                sink = _Sink(fixed, None)
+                _classify(inc, j0, j1, lo=lo_us, hi=hi_us, stop=stop, tail=tail_cause, sink=sink)
+                thr = thresholds[i]
+                for seg, step, rem in sink.loose:
+                    if step > thr[min(seg, len(thr) - 1)]:
+                        lost += rem
+                    else:
+                        productive += rem
+            nxt = incs[i + 1].begin if i + 1 < len(incs) else None
+            if nxt is None and not growing and inc.end is None and now_us is not None:
+                nxt = now_us
+            if nxt is not None and nxt > stop:
+                a, b = max(stop, lo_us), min(nxt, hi_us)
+                if b > a:
+                    fixed["downtime"] = fixed.get("downtime", 0) + b - a
+        fixed["lost_progress"] = fixed.get("lost_progress", 0) + lost
+        return self._result(max(lo_us, incs[0].begin), hi_us, fixed, [productive], 0)

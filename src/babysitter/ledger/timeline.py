@@ -1,0 +1,262 @@
+"""A run's ledger records folded into per-incarnation timelines, ready for exact accounting.
+
+Everything is in integer microseconds. An incarnation is one process's tracking of the run, from its
+``start`` record to its last sign of life. Its step boundaries split it into *gaps*: gap 0 runs from
+the incarnation's beginning to the first boundary (startup), gap ``j`` from boundary ``j-1`` to ``j``
+(the time of step ``steps[j]``), and the *tail* from the last boundary to the incarnation's end.
+Checkpoint loads/saves and user phases are explicit intervals laid over the gaps; a successful
+checkpoint load after the first boundary starts a new *segment* (a rollback within the process).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from array import array
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
+
+from babysitter.ledger.records import (
+    Alive,
+    CheckpointBegin,
+    CheckpointEnd,
+    End,
+    Hang,
+    PhaseBegin,
+    PhaseEnd,
+    Progress,
+    Record,
+    Start,
+)
+
+__all__ = [
+    "CAUSE_PRIORITY",
+    "CheckpointSpan",
+    "Incarnation",
+    "Piece",
+    "ProgressPoint",
+    "Timeline",
+    "phase_cause",
+]
+
+#: When explicit intervals overlap, the higher-priority cause takes the overlap.
+CAUSE_PRIORITY = {"checkpoint_load": 3, "checkpoint_save": 2, "eval": 1, "phase": 0}
+
+#: A piece of explicit badput: ``(begin_us, end_us, cause)``, non-overlapping after flattening.
+Piece = tuple[int, int, str]
+
+
+def phase_cause(name: str) -> str:
+    """The badput cause of a user phase: ``eval`` for evaluation, ``phase`` for every other name
+    (phase names are free-form; the cause label stays bounded)."""
+    return "eval" if name in ("eval", "evaluation", "validation", "val") else "phase"
+
+
+@dataclass(frozen=True)
+class ProgressPoint:
+    """One progress record, for plots: ``i0..i1`` index the incarnation's boundaries it carried."""
+
+    t: int
+    i0: int
+    i1: int
+    model_flops: float
+    peak_flops: float | None
+
+
+@dataclass
+class CheckpointSpan:
+    """A checkpoint save or load as the ledger saw it (``end`` None while open or when cut off)."""
+
+    op: str
+    step: int
+    begin: int
+    end: int | None = None
+    ok: bool | None = None
+    nbytes: int | None = None
+    path: str | None = None
+
+
+@dataclass
+class Incarnation:
+    """One process's part of the run."""
+
+    index: int
+    start: Start
+    begin: int
+    steps: array[int] = field(default_factory=lambda: array("q"))
+    ends: array[int] = field(default_factory=lambda: array("q"))
+    stall: array[int] = field(default_factory=lambda: array("q"))
+    points: list[ProgressPoint] = field(default_factory=list)
+    checkpoints: list[CheckpointSpan] = field(default_factory=list)
+    phases: list[tuple[str, int, int | None]] = field(default_factory=list)
+    #: ``(time, step)`` of successful loads.
+    loads: list[tuple[int, int]] = field(default_factory=list)
+    #: Times at which the watchdog declared a hang.
+    hangs: list[int] = field(default_factory=list)
+    last_t: int = 0
+    end: End | None = None
+    #: False in the live writer, which never plots (saves one object per progress record).
+    keep_points: bool = True
+    _open_ckpt: dict[str, CheckpointSpan] = field(default_factory=dict)
+    _open_phase: dict[str, int] = field(default_factory=dict)
+    _pieces_cache: tuple[int, list[Piece]] | None = None
+
+    # ---------------------------------------------------------------- building
+
+    def add(self, record: Record) -> None:
+        """Fold one record of this incarnation in (file order)."""
+        self._pieces_cache = None
+        t = max(record.t, self.begin)
+        if isinstance(record, Progress):
+            self._add_progress(record)
+        elif isinstance(record, CheckpointBegin):
+            span = CheckpointSpan(record.op, record.step, t, path=record.path)
+            self.checkpoints.append(span)
+            self._open_ckpt[record.op] = span
+        elif isinstance(record, CheckpointEnd):
+            span_or_none = self._open_ckpt.pop(record.op, None)
+            if span_or_none is None:  # an end without its begin: a zero-length span
+                span_or_none = CheckpointSpan(record.op, record.step, t, path=record.path)
+                self.checkpoints.append(span_or_none)
+            span_or_none.end = max(t, span_or_none.begin)
+            span_or_none.ok = record.ok
+            span_or_none.nbytes = record.nbytes
+            span_or_none.path = record.path or span_or_none.path
+            if record.op == "load" and record.ok:
+                self.loads.append((span_or_none.end, record.step))
+        elif isinstance(record, PhaseBegin):
+            self._open_phase[record.name] = t
+        elif isinstance(record, PhaseEnd):
+            began = self._open_phase.pop(record.name, t)
+            self.phases.append((record.name, began, t))
+        elif isinstance(record, Hang):
+            self.hangs.append(t)
+        elif isinstance(record, End):
+            self.end = record
+        self.last_t = max(self.last_t, t)
+
+    def _add_progress(self, record: Progress) -> None:
+        i0 = len(self.ends)
+        prev = self.ends[-1] if i0 else self.begin
+        n = len(record.steps)
+        share, extra = divmod(record.data_wait, n)
+        for i in range(n):
+            end = max(record.ends[i], prev)
+            self.steps.append(record.steps[i])
+            self.ends.append(end)
+            self.stall.append(share + (1 if i < extra else 0))
+            prev = end
+        if self.keep_points:
+            self.points.append(
+                ProgressPoint(record.t, i0, len(self.ends), record.model_flops, record.peak_flops)
+            )
+        self.last_t = max(self.last_t, prev)
+
+    # ---------------------------------------------------------------- queries
+
+    @property
+    def n(self) -> int:
+        """Step boundaries recorded."""
+        return len(self.ends)
+
+    def resume_step(self) -> int | None:
+        """The step this incarnation resumed from: its last successful checkpoint load before its first
+        boundary; else the step before its first boundary; else None (it never got that far)."""
+        first = self.ends[0] if self.ends else None
+        before = [step for t, step in self.loads if first is None or t <= first]
+        if before:
+            return before[-1]
+        if first is not None:
+            return max(self.steps[0] - 1, 0)
+        resumed = self.start.info.get("resumed_step")
+        return resumed if isinstance(resumed, int) and not isinstance(resumed, bool) else None
+
+    def splits(self) -> list[tuple[int, int]]:
+        """``(time, step)`` of successful loads after the first boundary: each starts a new segment."""
+        if not self.ends:
+            return []
+        return [(t, step) for t, step in self.loads if t > self.ends[0]]
+
+    def segment_of_gap(self, j: int, split_times: list[int]) -> int:
+        """Which of this incarnation's segments gap ``j`` belongs to (0 = the first)."""
+        return bisect_left(split_times, self.ends[j])
+
+    def pieces(self, stop: int) -> list[Piece]:
+        """Explicit badput intervals, open ones closed at ``stop``, flattened so none overlap."""
+        if self._pieces_cache is not None and self._pieces_cache[0] == stop:
+            return self._pieces_cache[1]
+        raw: list[Piece] = []
+        for span in self.checkpoints:
+            end = span.end if span.end is not None else stop
+            raw.append((span.begin, min(end, stop), f"checkpoint_{span.op}"))
+        for name, began, ended in self.phases:
+            raw.append((began, min(ended if ended is not None else stop, stop), phase_cause(name)))
+        for name, began in self._open_phase.items():
+            raw.append((began, stop, phase_cause(name)))
+        flat = _flatten([p for p in raw if p[1] > p[0]])
+        self._pieces_cache = (stop, flat)
+        return flat
+
+    def hang_gaps(self) -> set[int]:
+        """Gap indices (``n`` = the tail) in which the watchdog declared a hang."""
+        return {bisect_right(self.ends, t) for t in self.hangs}
+
+
+def _flatten(raw: list[Piece]) -> list[Piece]:
+    """Non-overlapping pieces; where intervals overlap, the cause with the higher priority wins."""
+    if not raw:
+        return []
+    points = sorted({p[0] for p in raw} | {p[1] for p in raw})
+    starts = sorted(raw)
+    active: list[tuple[int, int, str]] = []  # heap of (-priority, end, cause)
+    out: list[Piece] = []
+    k = 0
+    for a, b in itertools.pairwise(points):
+        while k < len(starts) and starts[k][0] <= a:
+            _s0, s1, cause = starts[k]
+            heapq.heappush(active, (-CAUSE_PRIORITY.get(cause, 0), s1, cause))
+            k += 1
+        while active and active[0][1] <= a:
+            heapq.heappop(active)
+        live = [item for item in active if item[1] > a]
+        if not live:
+            continue
+        cause = min(live)[2]
+        if out and out[-1][1] == a and out[-1][2] == cause:
+            out[-1] = (out[-1][0], b, cause)
+        else:
+            out.append((a, b, cause))
+    return out
+
+
+@dataclass
+class Timeline:
+    """All incarnations of a run, in ledger order."""
+
+    incarnations: list[Incarnation] = field(default_factory=list)
+    orphan_records: int = 0
+    keep_points: bool = True
+
+    def add(self, record: Record) -> None:
+        """Fold one record in; records before the first ``start`` are counted as orphans."""
+        if isinstance(record, Start):
+            prev = self.incarnations[-1] if self.incarnations else None
+            floor = prev.last_t if prev is not None else record.pst
+            begin = min(max(record.pst, floor), record.t) if prev is not None else min(record.pst, record.t)
+            inc = Incarnation(
+                index=len(self.incarnations), start=record, begin=begin, keep_points=self.keep_points
+            )
+            inc.last_t = max(record.t, begin)
+            self.incarnations.append(inc)
+        elif not self.incarnations:
+            self.orphan_records += 1
+        elif isinstance(record, Alive):
+            inc = self.incarnations[-1]
+            inc.last_t = max(inc.last_t, record.t)
+        else:
+            self.incarnations[-1].add(record)
+
+    def extend(self, records: list[Record]) -> None:
+        """Fold many records in."""
+        for record in records:
+            self.add(record)

@@ -1,0 +1,477 @@
+"""The ledger writer: rank 0's :class:`~babysitter.events.RunEvents` sink, batched and crash-safe.
+
+Callers (the tracker's housekeeping thread, checkpoint and phase context managers) only append to an
+in-memory inbox under a tiny lock. A daemon thread turns the inbox into records every
+``flush_interval`` seconds (at once at checkpoint and phase boundaries), folds them into the in-memory
+timeline that the goodput metrics are computed from, and appends them to the ledger file with one
+``write`` per batch (``fsync`` after a checkpoint save and at close). When the storage fails (read-only,
+full, gone), the bytes stay in a bounded buffer and are retried; the failure is counted in
+``babysitter_ledger_write_errors_total`` and logged once. Nothing here raises into training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import psutil
+from prometheus_client.core import Metric
+
+from babysitter.catalog import goodput as G
+from babysitter.events import CheckpointKind
+from babysitter.ledger.accounting import Accountant
+from babysitter.ledger.lock import LedgerLockedError, WriterLock
+from babysitter.ledger.reader import DEFAULT_FILE_NAME, read_ledger
+from babysitter.ledger.records import (
+    Alive,
+    CheckpointBegin,
+    CheckpointEnd,
+    End,
+    Hang,
+    PhaseBegin,
+    PhaseEnd,
+    Progress,
+    Record,
+    Start,
+    encode,
+    to_us,
+)
+from babysitter.ledger.timeline import Timeline
+
+__all__ = ["LedgerWriter"]
+
+log = logging.getLogger(__name__)
+
+_Pending = tuple[list[tuple[int, float]], float, float, float | None]
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+class LedgerWriter:
+    """Writes a run's goodput ledger and serves the goodput metrics computed from it.
+
+    Constructed by the tracker on rank 0. Raises :class:`LedgerLockedError` when another live process
+    writes the same ledger, ValueError for bad options; storage failures never raise.
+
+    Args:
+        run_dir: the run's directory on shared storage (created if missing).
+        run: the run's name (recorded in every incarnation's start record).
+        file_name: the ledger's file name inside ``run_dir``.
+        flush_interval: seconds between batched writes.
+        heartbeat_interval: seconds between lock heartbeats.
+        stale_after: a lock on another host whose heartbeat is older than this is taken over.
+        alive_interval: write a bare sign of life when nothing else was written for this long.
+        max_pending_bytes: bound of the unwritten buffer while the storage fails.
+        settle_seconds: steps older than this are classified once and cached (see accounting).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        run: str,
+        file_name: str = DEFAULT_FILE_NAME,
+        flush_interval: float = 5.0,
+        heartbeat_interval: float = 10.0,
+        stale_after: float = 60.0,
+        alive_interval: float = 30.0,
+        max_pending_bytes: int = 32 << 20,
+        settle_seconds: float = 60.0,
+    ) -> None:
+        if not isinstance(run, str) or not run:
+            raise ValueError(f"run must be a non-empty string, got {run!r}")
+        if not file_name or "/" in file_name or file_name in (".", "..") or "\x00" in file_name:
+            raise ValueError(f"file_name must be a plain file name, got {file_name!r}")
+        for name, value in (
+            ("flush_interval", flush_interval),
+            ("heartbeat_interval", heartbeat_interval),
+            ("alive_interval", alive_interval),
+            ("settle_seconds", settle_seconds),
+        ):
+            if not _finite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not _finite(stale_after) or stale_after < 3 * heartbeat_interval:
+            raise ValueError(f"stale_after must be at least 3 heartbeat intervals, got {stale_after!r}")
+        if max_pending_bytes < 1 << 16:
+            raise ValueError("max_pending_bytes must be at least 64 KiB")
+        self.run_dir = Path(run_dir)
+        self.run = run
+        self.path = self.run_dir / file_name
+        self._flush_interval = float(flush_interval)
+        self._heartbeat_interval = float(heartbeat_interval)
+        self._alive_interval = float(alive_interval)
+        self._max_pending = int(max_pending_bytes)
+
+        self._errors: dict[str, int] = {}
+        self._warned: set[str] = set()
+        self._dropped = 0
+        self._inbox: list[Record | _Pending] = []
+        self._inbox_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._durable_wanted = False
+        self._closing = False
+        self._unwritten = bytearray()
+        self._need_newline = False
+        self._last_write = time.monotonic()
+        self._last_heartbeat = 0.0
+        self._can_write = True
+
+        with contextlib.suppress(OSError):
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = WriterLock(
+            self.path.with_name(self.path.name + ".lock"), run=run, stale_after=stale_after
+        )
+        try:
+            self._lock.acquire()
+            self._last_heartbeat = time.monotonic()
+        except LedgerLockedError:
+            raise
+        except OSError as exc:
+            self._error("lock", exc)
+
+        self.timeline = Timeline(keep_points=False)
+        self._skipped = {"torn": 0, "invalid": 0}
+        try:
+            existing = read_ledger(self.path)
+            self.timeline.extend(existing.records)
+            self._skipped = {"torn": existing.torn_lines, "invalid": existing.invalid_lines}
+            self._need_newline = not existing.ends_with_newline
+            if existing.torn_lines or existing.invalid_lines:
+                log.warning(
+                    "babysitter: ledger %s: skipped %d torn and %d invalid line(s) (a crash mid-write)",
+                    self.path,
+                    existing.torn_lines,
+                    existing.invalid_lines,
+                )
+        except OSError as exc:
+            self._error("read", exc)
+        self._accountant = Accountant(self.timeline, settle_seconds=settle_seconds)
+        self._thread = threading.Thread(target=self._loop, name="babysitter-ledger", daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------- errors
+
+    def _error(self, op: str, exc: BaseException) -> None:
+        self._errors[op] = self._errors.get(op, 0) + 1
+        if op not in self._warned:
+            self._warned.add(op)
+            log.warning(
+                "babysitter: goodput ledger %s: %s failed (%s: %s); training goes on, records are kept "
+                "and retried, further failures are counted in %s",
+                self.path,
+                op,
+                type(exc).__name__,
+                exc,
+                G.LEDGER_WRITE_ERRORS.name,
+            )
+        else:
+            log.debug("babysitter: ledger %s failed again: %s", op, exc)
+
+    def _post(self, item: Record | _Pending, *, now: bool = False) -> None:
+        with self._inbox_lock:
+            self._inbox.append(item)
+        if now:
+            self._wake.set()
+
+    # ------------------------------------------------------------- RunEvents
+
+    def incarnation_start(self, *, time: float, info: Mapping[str, object]) -> None:
+        """Record that this process started tracking the run."""
+        try:
+            pid = os.getpid()
+            try:
+                pst = float(psutil.Process(pid).create_time())
+            except (psutil.Error, OSError):
+                pst = time
+            host = str(info.get("host") or socket.gethostname())
+            record = Start(
+                t=to_us(time),
+                pst=to_us(min(pst, time)),
+                id=uuid.uuid4().hex[:16],
+                host=host,
+                pid=pid,
+                run=self.run,
+                info=dict(info),
+            )
+            self._post(record, now=True)
+        except Exception as exc:
+            self._error("internal", exc)
+
+    def progress(
+        self,
+        *,
+        boundaries: Sequence[tuple[int, float]],
+        data_wait_seconds: float,
+        model_flops: float,
+        peak_flops: float | None,
+    ) -> None:
+        """Buffer step boundaries (no I/O here)."""
+        try:
+            good = [(s, t) for s, t in boundaries if isinstance(s, int) and _finite(t)]
+            if len(good) != len(boundaries):
+                self._errors["bad_input"] = self._errors.get("bad_input", 0) + 1
+            if not good:
+                return
+            self._post(
+                (
+                    good,
+                    data_wait_seconds if _finite(data_wait_seconds) and data_wait_seconds > 0 else 0.0,
+                    model_flops if _finite(model_flops) and model_flops > 0 else 0.0,
+                    peak_flops if peak_flops is not None and _finite(peak_flops) and peak_flops > 0 else None,
+                )
+            )
+        except Exception as exc:
+            self._error("internal", exc)
+
+    def checkpoint_begin(self, *, kind: CheckpointKind, step: int, time: float, path: str | None) -> None:
+        """Record the start of a checkpoint save or load."""
+        try:
+            self._post(CheckpointBegin(t=to_us(time), op=kind, step=int(step), path=path), now=True)
+        except Exception as exc:
+            self._error("internal", exc)
+
+    def checkpoint_end(
+        self,
+        *,
+        kind: CheckpointKind,
+        step: int,
+        time: float,
+        ok: bool,
+        nbytes: int | None,
+        path: str | None,
+    ) -> None:
+        """Record the end of a checkpoint save or load; a successful save is written durably."""
+        try:
+            record = CheckpointEnd(
+                t=to_us(time), op=kind, step=int(step), ok=bool(ok), nbytes=nbytes, path=path
+            )
+            if kind == "save" and ok:
+                self._durable_wanted = True
+            self._post(record, now=True)
+        except Exception as exc:
+            self._error("internal", exc)
+
+    def phase_begin(self, *, name: str, time: float) -> None:
+        """Record the start of a user-marked phase."""
+        try:
+            self._post(PhaseBegin(t=to_us(time), name=str(name)), now=True)
+        except Exception as exc:
+            self._error("internal", exc)
+
+    def phase_end(self, *, name: str, time: float) -> None:
+        """Record the end of a user-marked phase."""
+        try:
+            self._post(PhaseEnd(t=to_us(time), name=str(name)), now=True)
+        except Exception as exc:
+            self._error("internal", exc)
+
+    def hang(self, *, time: float, step: int, seconds_since_step: float) -> None:
+        """Record that the watchdog saw no step for far too long."""
+        try:
+            since = to_us(seconds_since_step) if _finite(seconds_since_step) else 0
+            self._post(Hang(t=to_us(time), step=int(step), since=since), now=True)
+        except Exception as exc:
+            self._error("internal", exc)
+
+    def flush(self, *, durable: bool = False) -> None:
+        """Ask the writer thread to write now (and fsync when ``durable``); does not wait."""
+        if durable:
+            self._durable_wanted = True
+        self._wake.set()
+
+    def close(self, *, time: float, clean: bool, timeout: float = 5.0) -> None:
+        """Write the end record durably, release the lock; waits at most ``timeout`` seconds."""
+        try:
+            if self._closing:
+                return
+            self._post(End(t=to_us(time), clean=bool(clean)))
+            self._closing = True
+            self._durable_wanted = True
+            self._wake.set()
+            if self._thread is not threading.current_thread():
+                self._thread.join(timeout)
+        except Exception as exc:
+            self._error("internal", exc)
+
+    def metrics(
+        self, label_names: Sequence[str], label_values: Sequence[str], now: float
+    ) -> Iterable[Metric]:
+        """Goodput, productive and badput seconds, restarts, and the ledger's own health."""
+        names, values = list(label_names), list(label_values)
+        out: list[Metric] = []
+        try:
+            with self._state_lock:
+                acc = self._accountant.totals(now=now, live=True, tail="exclude")
+            goodput = G.GOODPUT.family(names)
+            goodput.add_metric(values, acc.goodput)  # type: ignore[attr-defined]
+            productive = G.PRODUCTIVE_SECONDS.family(names)
+            productive.add_metric(values, acc.productive_seconds)  # type: ignore[attr-defined]
+            badput = G.BADPUT_SECONDS.family(names)
+            for cause, seconds in acc.badput_seconds.items():
+                badput.add_metric([*values, cause], seconds)  # type: ignore[attr-defined]
+            restarts = G.RESTARTS.family(names)
+            restarts.add_metric(values, float(acc.restarts))  # type: ignore[attr-defined]
+            out += [goodput, productive, badput, restarts]
+        except Exception as exc:
+            self._error("metrics", exc)
+        errors = G.LEDGER_WRITE_ERRORS.family(names)
+        for op, count in sorted(self._errors.items()):
+            errors.add_metric([*values, op], float(count))  # type: ignore[attr-defined]
+        skipped = G.LEDGER_SKIPPED_LINES.family(names)
+        for reason, count in sorted(self._skipped.items()):
+            skipped.add_metric([*values, reason], float(count))  # type: ignore[attr-defined]
+        pending = G.LEDGER_PENDING_BYTES.family(names)
+        pending.add_metric(values, float(len(self._unwritten)))  # type: ignore[attr-defined]
+        dropped = G.LEDGER_DROPPED_RECORDS.family(names)
+        dropped.add_metric(values, float(self._dropped))  # type: ignore[attr-defined]
+        out += [errors, skipped, pending, dropped]
+        return out
+
+    # ------------------------------------------------------------ the thread
+
+    @property
+    def write_errors(self) -> int:
+        """Failed storage operations so far (all ops)."""
+        return sum(count for op, count in self._errors.items() if op not in ("bad_input", "metrics"))
+
+    def _loop(self) -> None:
+        try:
+            with self._state_lock:
+                self._accountant.totals(now=time.time(), live=True, tail="exclude")  # warm the cache
+        except Exception as exc:
+            self._error("internal", exc)
+        while True:
+            self._wake.wait(self._flush_interval)
+            self._wake.clear()
+            closing = self._closing
+            try:
+                self._tick()
+            except Exception as exc:
+                self._error("internal", exc)
+            if closing:
+                self._lock.release()
+                return
+
+    def _drain(self) -> list[Record]:
+        with self._inbox_lock:
+            items, self._inbox = self._inbox, []
+        records: list[Record] = []
+        batch: list[tuple[int, float]] = []
+        wait = flops = 0.0
+        peak: float | None = None
+
+        def close_batch() -> None:
+            nonlocal batch, wait, flops, peak
+            if batch:
+                steps = tuple(s for s, _ in batch)
+                ends = [to_us(t) for _, t in batch]
+                for i in range(1, len(ends)):
+                    ends[i] = max(ends[i], ends[i - 1])
+                records.append(
+                    Progress(
+                        t=to_us(time.time()),
+                        steps=steps,
+                        ends=tuple(ends),
+                        data_wait=to_us(wait),
+                        model_flops=flops,
+                        peak_flops=peak,
+                    )
+                )
+            batch, wait, flops, peak = [], 0.0, 0.0, None
+
+        for item in items:
+            if isinstance(item, tuple):
+                batch.extend(item[0])
+                wait += item[1]
+                flops += item[2]
+                peak = item[3] if item[3] is not None else peak
+            else:
+                close_batch()
+                records.append(item)
+        close_batch()
+        return records
+
+    def _tick(self) -> None:
+        records = self._drain()
+        mono = time.monotonic()
+        if not records and mono - self._last_write >= self._alive_interval and self.timeline.incarnations:
+            records = [Alive(t=to_us(time.time()))]
+        if records:
+            with self._state_lock:
+                self.timeline.extend(records)
+            for record in records:
+                self._unwritten += encode(record)
+            self._bound_buffer()
+        if mono - self._last_heartbeat >= self._heartbeat_interval:
+            self._heartbeat(mono)
+        durable = self._durable_wanted or self._closing
+        if self._unwritten and self._can_write:
+            self._durable_wanted = False
+            self._write(durable=durable)
+
+    def _bound_buffer(self) -> None:
+        excess = len(self._unwritten) - self._max_pending
+        if excess <= 0:
+            return
+        cut = self._unwritten.find(b"\n", excess - 1)
+        cut = len(self._unwritten) if cut < 0 else cut + 1
+        self._dropped += self._unwritten[:cut].count(b"\n")
+        del self._unwritten[:cut]
+        self._need_newline = True
+
+    def _heartbeat(self, mono: float) -> None:
+        self._last_heartbeat = mono
+        try:
+            if not self._lock.held:
+                self._lock.acquire()
+                return
+            if not self._lock.refresh():
+                self._can_write = False
+                self._error("lock_lost", LedgerLockedError("another writer took over the ledger lock"))
+        except LedgerLockedError as exc:
+            self._can_write = False
+            self._error("lock_lost", exc)
+        except OSError as exc:
+            self._error("heartbeat", exc)
+
+    def _write(self, *, durable: bool) -> None:
+        data = bytes(self._unwritten)
+        prefix = b"\n" if self._need_newline else b""
+        written = 0
+        fd = -1
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            payload = prefix + data
+            while written < len(payload):
+                written += os.write(fd, payload[written:])
+            self._need_newline = False
+            del self._unwritten[: len(data)]
+            self._last_write = time.monotonic()
+            if durable:
+                try:
+                    os.fsync(fd)
+                except OSError as exc:
+                    self._error("fsync", exc)
+        except OSError as exc:
+            self._error("write", exc)
+            done = max(0, written - len(prefix))
+            if done:
+                # Whole lines that made it stay written; a cut line is re-sent after a newline.
+                last_nl = data.rfind(b"\n", 0, done)
+                del self._unwritten[: last_nl + 1]
+            self._need_newline = True  # the file's last line may be cut; a blank line is harmless
+        finally:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
