@@ -1,0 +1,322 @@
+"""The kernel log as an Xid source: a parser for NVIDIA's ``NVRM:`` lines and a follower thread.
+
+The parser takes one line at a time from any of the places the kernel log shows up:
+
+- ``/dev/kmsg`` records, ``prio,seq,usec,flags;message`` plus continuation lines starting with a space
+  (Documentation/ABI/testing/dev-kmsg). Only records of facility 0 (``prio >> 3 == 0``) are trusted:
+  the kernel forces userspace writes to ``/dev/kmsg`` to facility LOG_USER, so a forged
+  ``NVRM: Xid`` written by any process cannot raise a counter.
+- ``dmesg`` (``[  123.456] NVRM: ...``, ``dmesg -T``) and journal/syslog text (``... kernel: NVRM: ...``).
+
+It understands the Xid line of several driver generations::
+
+    NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, Timeout after 6s ...   (R470+)
+    NVRM: Xid (PCI:0000:3b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable ...
+    NVRM: Xid (PCI:0000:3d:00): 79, pid=0, GPU has fallen off the bus.                   (pid, no name)
+    NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.                          (no pid/name)
+    NVRM: Xid (0000:01:00): 13, 0003 00000000 0000a097 ...                               (old, no "PCI:")
+
+and the ``NVRM: GPU at PCI:0000:9b:00: GPU-<uuid>`` line the driver prints before a GPU's first
+error, which maps the bus id to the GPU's UUID. Anything else (NVSwitch ``SXid`` lines, garbage,
+lines cut short before the comma after the Xid code) is skipped; nothing raises.
+
+The follower reads ``/dev/kmsg`` (a character device: one record per ``read``, ``poll`` for new
+ones) or follows a plain file like ``tail -F`` (rotation and truncation reopen it). What is already
+in the log when it opens is *history*: it teaches the parser bus-to-UUID lines but its Xids are not
+reported as new, so an agent restart does not count a whole boot's Xids again (see docs/xid.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import select
+import stat
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from babysitter.node.collector import normalize_pci_bus_id
+
+__all__ = ["KernelLogFollower", "KernelLogParser", "XidEvent", "parse_log"]
+
+log = logging.getLogger(__name__)
+
+_MAX_LINE = 8192  # longer lines are cut before matching; kernel records are < 1 KiB of text
+_MAX_PENDING = 64 * 1024  # a file "line" longer than this without a newline is garbage: dropped
+_READ_SIZE = 64 * 1024  # /dev/kmsg needs a buffer larger than one record (EINVAL otherwise)
+_MAX_BUSES = 1024
+_FINGERPRINT = 64  # bytes before the read offset that must be unchanged for a file to be "the same"
+
+_KMSG_HEADER = re.compile(r"^(\d{1,10}),(\d{1,20}),(\d{1,20}),[^;]{0,64};")
+_BUS = r"([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"
+_XID = re.compile(r"Xid \((?:PCI:)?" + _BUS + r"\): (\d{1,6}),(.*)$")
+_PID_NAME = re.compile(r"^\s*pid=([^,]{0,32}),\s*(?:name=([^,]{0,64}),\s?)?(.*)$")
+_GPU_AT = re.compile(r"GPU at PCI:" + _BUS + r": (GPU-[0-9a-fA-F-]{8,64})")
+_NVRM = "NVRM: "
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One Xid as the kernel logged it."""
+
+    xid: int
+    pci_bus_id: str  # normalized (``0000:9b:00``)
+    uuid: str  # from the driver's preceding ``GPU at PCI`` line for this bus; "" when not seen
+    pid: int | None  # None for old drivers and ``pid='<unknown>'``
+    process: str  # the process name, "" when absent or unknown
+    message: str  # the text after the code (bounded)
+    seq: int | None = None  # /dev/kmsg sequence number
+    usec: int | None = None  # /dev/kmsg timestamp (microseconds since boot)
+
+
+class KernelLogParser:
+    """Turns kernel log lines into :class:`XidEvent`; remembers bus-to-UUID lines between calls.
+
+    Not thread-safe: one parser per reader. Counters (``lines``, ``forged``, ``lost_records``) are
+    for diagnostics and tests.
+    """
+
+    def __init__(self) -> None:
+        self.bus_uuids: dict[str, str] = {}
+        self.lines = 0
+        self.forged = 0
+        self.lost_records = 0
+        self._last_seq: int | None = None
+
+    def feed(self, raw: str | bytes) -> XidEvent | None:
+        """Parse one line (without or with its newline); the Xid it reports, if any."""
+        line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        if len(line) > _MAX_LINE:
+            line = line[:_MAX_LINE]
+        self.lines += 1
+        seq: int | None = None
+        usec: int | None = None
+        if line[:1] == " ":
+            return None  # /dev/kmsg continuation (" SUBSYSTEM=pci") or indented noise
+        header = _KMSG_HEADER.match(line) if line[:1].isdigit() else None
+        if header is not None:
+            prio, seq, usec = int(header.group(1)), int(header.group(2)), int(header.group(3))
+            self._track_seq(seq)
+            message = line[header.end() :]
+            if _NVRM not in message:
+                return None
+            if prio >> 3 != 0:
+                self.forged += 1  # written by userspace, not the driver
+                return None
+        else:
+            message = line
+        at = message.find(_NVRM)
+        if at < 0:
+            return None
+        text = message[at + len(_NVRM) :].rstrip("\r\n")
+        if text.startswith("Xid "):
+            return self._xid(text, seq, usec)
+        if text.startswith("GPU at PCI:"):
+            self._gpu_at(text)
+        return None
+
+    def _xid(self, text: str, seq: int | None, usec: int | None) -> XidEvent | None:
+        match = _XID.match(text)
+        if match is None:
+            return None
+        xid = int(match.group(2))
+        if xid <= 0:
+            return None
+        bus = normalize_pci_bus_id(match.group(1))
+        rest = match.group(3)
+        pid: int | None = None
+        process = ""
+        fields = _PID_NAME.match(rest)
+        if fields is not None:
+            pid_text = fields.group(1).strip().strip("'")
+            pid = int(pid_text) if pid_text.isdigit() else None
+            name = (fields.group(2) or "").strip().strip("'")
+            process = "" if name == "<unknown>" else name
+            rest = fields.group(3)
+        return XidEvent(
+            xid=xid,
+            pci_bus_id=bus,
+            uuid=self.bus_uuids.get(bus, ""),
+            pid=pid,
+            process=process,
+            message=rest.strip()[:256],
+            seq=seq,
+            usec=usec,
+        )
+
+    def _gpu_at(self, text: str) -> None:
+        match = _GPU_AT.match(text)
+        if match is None:
+            return
+        bus = normalize_pci_bus_id(match.group(1))
+        if bus not in self.bus_uuids and len(self.bus_uuids) >= _MAX_BUSES:
+            return
+        self.bus_uuids[bus] = match.group(2).lower().replace("gpu-", "GPU-", 1)
+
+    def _track_seq(self, seq: int) -> None:
+        last = self._last_seq
+        if last is not None and seq > last + 1:
+            self.lost_records += seq - last - 1
+        self._last_seq = seq
+
+
+def parse_log(lines: Iterable[str | bytes], parser: KernelLogParser | None = None) -> list[XidEvent]:
+    """Every Xid in ``lines`` (a whole dmesg/journal dump, say), in order."""
+    parser = parser or KernelLogParser()
+    found: list[XidEvent] = []
+    for line in lines:
+        event = parser.feed(line)
+        if event is not None:
+            found.append(event)
+    return found
+
+
+#: ``on_status(ok, reason)``: the source opened (``ok``) or failed; called on every change only.
+StatusCallback = Callable[[bool, str], None]
+#: ``on_event(event, live)``: an Xid; ``live`` is False for history read at open.
+EventCallback = Callable[[XidEvent, bool], None]
+
+
+class KernelLogFollower:
+    """Follows ``/dev/kmsg`` or a log file on the calling thread until ``stop`` is set.
+
+    Never raises: an unreadable source is reported through ``on_status`` (once per change) and
+    retried every ``retry_seconds``.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        on_event: EventCallback,
+        on_status: StatusCallback,
+        *,
+        poll_seconds: float = 0.5,
+        retry_seconds: float = 30.0,
+    ) -> None:
+        self.path = path
+        self.parser = KernelLogParser()
+        self.records = 0  # lines or records read, history included
+        self.offset = 0  # bytes read from the current file (plain files only)
+        self._on_event = on_event
+        self._on_status = on_status
+        self._poll = poll_seconds
+        self._retry = retry_seconds
+        self._last_status: tuple[bool, str] | None = None
+
+    def run(self, stop: threading.Event) -> None:
+        """Read until ``stop`` is set; reopen after errors."""
+        while not stop.is_set():
+            try:
+                st = os.stat(self.path)
+                if stat.S_ISCHR(st.st_mode):
+                    self._follow_device(stop)
+                elif stat.S_ISREG(st.st_mode):
+                    self._follow_file(stop)
+                else:
+                    raise OSError(errno.EINVAL, "not a character device or regular file", self.path)
+            except OSError as exc:
+                self._status(False, _describe(exc))
+            except Exception as exc:  # a bug here must not end the thread silently
+                log.exception("babysitter: kernel log reader failed on %s", self.path)
+                self._status(False, f"internal error: {type(exc).__name__}")
+            stop.wait(self._retry)
+
+    # --- /dev/kmsg ---------------------------------------------------------------------------------
+    def _follow_device(self, stop: threading.Event) -> None:
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            self._status(True, "")
+            live = False
+            poller = select.poll()
+            poller.register(fd, select.POLLIN | select.POLLPRI)
+            while not stop.is_set():
+                try:
+                    chunk = os.read(fd, _READ_SIZE)
+                except BlockingIOError:
+                    live = True  # the backlog is drained: from here on, records are new
+                    poller.poll(int(self._poll * 1000))
+                    continue
+                except OSError as exc:
+                    if exc.errno == errno.EPIPE:  # records overwritten before we read them
+                        self.parser.lost_records += 1
+                        continue
+                    raise
+                if not chunk:
+                    poller.poll(int(self._poll * 1000))
+                    continue
+                self._feed(chunk.split(b"\n"), live)
+        finally:
+            os.close(fd)
+
+    # --- plain files (dmesg/journal text) ----------------------------------------------------------
+    def _follow_file(self, stop: threading.Event) -> None:
+        fh = open(self.path, "rb", buffering=0)  # noqa: SIM115 (held across the loop, closed in finally)
+        try:
+            self._status(True, "")
+            ino = os.fstat(fh.fileno()).st_ino
+            pending = tail = b""
+            seen: tuple[int, int] | None = None
+            live = False
+            self.offset = 0
+            while not stop.is_set():
+                chunk = fh.read(_READ_SIZE)
+                if chunk:
+                    self.offset += len(chunk)
+                    tail = (tail + chunk)[-_FINGERPRINT:]
+                    pending = self._feed_partial(pending + chunk, live)
+                    continue
+                live = True  # read up to the end once: everything after is new
+                if stop.wait(self._poll):
+                    return
+                try:
+                    st = os.stat(self.path)
+                except FileNotFoundError:
+                    continue  # rotated away; wait for the new file
+                # Rotated (new inode), truncated (shorter), or truncated and rewritten since we last
+                # looked (the bytes before our offset changed: copytruncate racing a writer).
+                replaced = st.st_ino != ino or st.st_size < self.offset
+                if not replaced and tail and (st.st_size, st.st_mtime_ns) != seen:
+                    replaced = os.pread(fh.fileno(), len(tail), self.offset - len(tail)) != tail
+                seen = (st.st_size, st.st_mtime_ns)
+                if replaced:
+                    fh.close()
+                    fh = open(self.path, "rb", buffering=0)  # noqa: SIM115
+                    ino = os.fstat(fh.fileno()).st_ino
+                    pending = tail = b""
+                    self.offset = 0
+        finally:
+            fh.close()
+
+    def _feed_partial(self, data: bytes, live: bool) -> bytes:
+        *complete, rest = data.split(b"\n")
+        self._feed(complete, live)
+        if len(rest) > _MAX_PENDING:
+            return b""
+        return rest
+
+    def _feed(self, lines: list[bytes], live: bool) -> None:
+        for line in lines:
+            if not line:
+                continue
+            self.records += 1
+            event = self.parser.feed(line)
+            if event is not None:
+                self._on_event(event, live)
+
+    def _status(self, ok: bool, reason: str) -> None:
+        if self._last_status != (ok, reason):
+            self._last_status = (ok, reason)
+            with contextlib.suppress(Exception):
+                self._on_status(ok, reason)
+
+
+def _describe(exc: OSError) -> str:
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied (the agent needs CAP_SYSLOG, or root, to read /dev/kmsg)"
+    if exc.errno == errno.ENOENT:
+        return "no such file"
+    return exc.strerror or type(exc).__name__

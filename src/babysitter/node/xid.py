@@ -1,0 +1,346 @@
+"""Xid errors from NVML events and the kernel log, counted once per event, per GPU, code and action.
+
+Exported as the counter ``gpu_xid_errors_total{gpu,uuid,pci_bus_id,model,xid,action}`` (repeats
+are visible, unlike dcgm-exporter's last-value gauge). Two sources, each on its own thread:
+
+- NVML: an event set registered for ``nvmlEventTypeXidCriticalError`` on every GPU that supports
+  it (``NVMLError_NotSupported`` devices are skipped with a log line), waited on in 500 ms slices.
+- The kernel log: ``/dev/kmsg`` or a dmesg/journal text file (:mod:`babysitter.node.kmsg`).
+
+**Counted once.** Both sources usually report the same Xid within milliseconds. A sighting is
+counted when it arrives, unless it *pairs* with a not-yet-paired sighting of the same GPU (PCI bus)
+and Xid code from the *other* source within ``dedupe_window_seconds`` (10 s by default); pairs are
+matched oldest first. Repeats seen by one source are never merged, so a burst of N Xids seen by both
+counts N, and an Xid only one source saw (the driver rate-limits its prints; NVML may not cover a
+GPU) still counts. Trade-off: two distinct events within the window that each source saw only one
+of count once, and a source lagging more than the window counts twice.
+
+**Unknown GPUs.** An Xid for a bus that is not in ``gpus()`` (a GPU NVML no longer lists, or never
+did) is still counted: ``gpu=""`` and ``model=""``, ``pci_bus_id`` from the log, ``uuid`` from the
+driver's ``GPU at PCI`` line when it was seen (else ``""``).
+
+**Restarts.** What is already in the kernel log when the agent starts is read for bus-to-UUID lines
+but not counted; counters start at zero (a counter reset, which ``increase()`` handles). Xids that
+happen while the agent is down are counted by neither source.
+
+**Source health.** A source that cannot be read (``/dev/kmsg`` without CAP_SYSLOG, NVML without
+event support) logs one line per change and shows in :meth:`XidCollector.source_status` and, once
+the catalog has it, in ``babysitter_xid_source_up{source}``; the other source keeps counting.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from babysitter.catalog import node as N
+from babysitter.catalog._spec import MetricSpec
+from babysitter.node.collector import GpuIdentity, normalize_pci_bus_id
+from babysitter.node.kmsg import KernelLogFollower, XidEvent
+from babysitter.node.xid_catalog import action_for
+
+__all__ = ["SOURCES", "XidCollector", "XidDeduper"]
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("kmsg", "nvml")
+_MAX_XID = 100_000  # codes are < 200 today; anything larger is corrupt data, not a new label value
+_MAX_SERIES = 4096
+_WAIT_MS = 500
+
+#: NVML device handle address -> label values (gpu, uuid, pci_bus_id, model) read at registration.
+_Devices = dict[int | None, tuple[str, str, str, str]]
+
+#: Source health gauge, once part A's catalog defines it (see docs/xid.md); None until then.
+_SOURCE_UP: MetricSpec | None = getattr(N, "XID_SOURCE_UP", None)
+
+
+class XidDeduper:
+    """Pairs sightings of the same (GPU, Xid) from two sources within a window; see the module doc.
+
+    ``admit`` returns True when the sighting is a new event (count it) and False when it is the
+    other source's report of an event already counted. Memory is bounded: sightings older than the
+    window are dropped, at most ``max_pending`` are kept per key.
+    """
+
+    def __init__(self, window_seconds: float, *, max_pending: int = 1024) -> None:
+        if window_seconds < 0:
+            raise ValueError(f"dedupe window must be >= 0 s, got {window_seconds}")
+        self.window = float(window_seconds)
+        self._max_pending = max_pending
+        self._pending: dict[tuple[str, int], deque[tuple[str, float]]] = {}
+        self._admitted = 0
+
+    def admit(self, key: tuple[str, int], source: str, now: float) -> bool:
+        pending = self._pending.get(key)
+        if pending is not None:
+            while pending and pending[0][1] < now - self.window:
+                pending.popleft()
+            for i, (other, _) in enumerate(pending):
+                if other != source:
+                    del pending[i]
+                    return False
+        else:
+            pending = self._pending[key] = deque()
+        if len(pending) >= self._max_pending:
+            pending.popleft()
+        pending.append((source, now))
+        self._admitted += 1
+        if self._admitted % 256 == 0:
+            self._sweep(now)
+        return True
+
+    def _sweep(self, now: float) -> None:
+        for key in [k for k, q in self._pending.items() if not q or q[-1][1] < now - self.window]:
+            del self._pending[key]
+
+
+class XidCollector:
+    """The ``xid`` collector: NVML Xid events plus the kernel log, deduplicated (module doc).
+
+    ``gpus`` returns the agent's GPUs (labels, bus-to-GPU mapping); it is called from the reader
+    threads and must be thread-safe. ``nvml`` is a pynvml-shaped module (real or
+    :class:`~babysitter.node.fake_nvml.FakeNvml`); the NVML thread takes its own ``nvmlInit``
+    reference and releases it on close. ``kmsg_path=None`` or ``nvml=None`` disables that source.
+    """
+
+    name = "xid"
+
+    def __init__(
+        self,
+        *,
+        gpus: Callable[[], Sequence[GpuIdentity]],
+        kmsg_path: str | None = "/dev/kmsg",
+        nvml: Any | None = None,
+        dedupe_window_seconds: float = 10.0,
+        kmsg_retry_seconds: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._gpus = gpus
+        self._kmsg_path = kmsg_path
+        self._nvml = nvml
+        self._clock = clock
+        self._dedupe = XidDeduper(dedupe_window_seconds)
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, ...], int] = {}
+        self._seen = dict.fromkeys(SOURCES, 0)  # sightings per source, before dedupe
+        self._status: dict[str, tuple[bool, str]] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._started = False
+        self._overflow_logged = False
+        self.follower: KernelLogFollower | None = None
+        if kmsg_path is not None:
+            self.follower = KernelLogFollower(
+                kmsg_path,
+                self._on_kmsg,
+                lambda ok, reason: self._set_status("kmsg", ok, reason),
+                retry_seconds=kmsg_retry_seconds,
+            )
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the reader threads (idempotent)."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        if self.follower is not None:
+            self._spawn("babysitter-xid-kmsg", self.follower.run)
+        if self._nvml is not None:
+            self._spawn("babysitter-xid-nvml", self._nvml_loop)
+
+    def close(self) -> None:
+        """Stop the threads; they notice within about half a second."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+        self._threads.clear()
+
+    def _spawn(self, name: str, target: Callable[[threading.Event], None]) -> None:
+        thread = threading.Thread(target=target, args=(self._stop,), name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    # --- what the agent scrapes --------------------------------------------------------------------
+    def collect(self) -> Iterable[Metric]:
+        self.start()  # harmless when already started; a forgotten start() must not lose events
+        family = N.GPU_XID_ERRORS.family()
+        with self._lock:
+            counts = sorted(self._counts.items())
+            status = dict(self._status)
+        for labels, value in counts:
+            family.add_metric(list(labels), float(value))  # type: ignore[attr-defined]
+        yield family
+        if _SOURCE_UP is not None:
+            up = _SOURCE_UP.family()
+            for source, (ok, _) in sorted(status.items()):
+                up.add_metric([source], 1.0 if ok else 0.0)  # type: ignore[attr-defined]
+            yield up
+
+    def source_status(self) -> dict[str, tuple[bool, str]]:
+        """``{source: (ok, reason)}`` for each enabled source that has reported (``reason`` when not ok)."""
+        with self._lock:
+            return dict(self._status)
+
+    def sightings(self) -> dict[str, int]:
+        """Xids each source reported since start, before deduplication (diagnostics)."""
+        with self._lock:
+            return dict(self._seen)
+
+    # --- counting ----------------------------------------------------------------------------------
+    def _count(self, source: str, xid: int, labels: tuple[str, str, str, str]) -> None:
+        """Count one sighting; ``labels`` are (gpu, uuid, pci_bus_id, model)."""
+        if not 0 < xid < _MAX_XID:
+            log.debug("babysitter: ignoring out-of-range Xid %r from %s", xid, source)
+            return
+        key = (labels[2] or labels[1], xid)
+        series = (*labels, str(xid), action_for(xid))
+        with self._lock:
+            self._seen[source] += 1
+            if not self._dedupe.admit(key, source, self._clock()):
+                return
+            if series not in self._counts and len(self._counts) >= _MAX_SERIES:
+                if not self._overflow_logged:
+                    self._overflow_logged = True
+                    log.warning("babysitter: more than %d Xid series; new ones are dropped", _MAX_SERIES)
+                return
+            self._counts[series] = self._counts.get(series, 0) + 1
+        log.info(
+            "babysitter: Xid %d (%s) on GPU %r bus %s via %s", xid, series[5], labels[0], labels[2], source
+        )
+
+    def _set_status(self, source: str, ok: bool, reason: str) -> None:
+        with self._lock:
+            previous = self._status.get(source)
+            self._status[source] = (ok, reason)
+        if previous == (ok, reason):
+            return
+        if ok:
+            if previous is not None:
+                log.info("babysitter: Xid source %s is readable again", source)
+        else:
+            where = self._kmsg_path if source == "kmsg" else "NVML"
+            log.warning("babysitter: Xid source %s (%s) unavailable: %s", source, where, reason)
+
+    def _identity(self, pci_bus_id: str = "", uuid: str = "") -> GpuIdentity | None:
+        try:
+            gpus = list(self._gpus())
+        except Exception:
+            log.debug("babysitter: gpus() failed while mapping an Xid", exc_info=True)
+            return None
+        for gpu in gpus:
+            try:
+                if pci_bus_id and normalize_pci_bus_id(gpu.pci_bus_id) == pci_bus_id:
+                    return gpu
+            except ValueError:
+                continue
+            if uuid and gpu.uuid == uuid:
+                return gpu
+        return None
+
+    # --- kernel log --------------------------------------------------------------------------------
+    def _on_kmsg(self, event: XidEvent, live: bool) -> None:
+        if not live:
+            return
+        gpu = self._identity(pci_bus_id=event.pci_bus_id)
+        labels = gpu.label_values() if gpu is not None else ("", event.uuid, event.pci_bus_id, "")
+        self._count("kmsg", event.xid, labels)
+
+    # --- NVML --------------------------------------------------------------------------------------
+    def _nvml_loop(self, stop: threading.Event) -> None:
+        nv: Any = self._nvml
+        try:
+            nv.nvmlInit()
+        except Exception as exc:
+            self._set_status("nvml", False, f"nvmlInit failed: {exc}")
+            return
+        event_set: Any = None
+        try:
+            event_set = nv.nvmlEventSetCreate()
+            devices = self._nvml_register(nv, event_set)
+            if not devices:
+                self._set_status("nvml", False, "no GPU supports Xid events")
+                return
+            self._set_status("nvml", True, "")
+            failures = 0
+            while not stop.is_set():
+                try:
+                    data = nv.nvmlEventSetWait(event_set, _WAIT_MS)
+                except nv.NVMLError_Timeout:
+                    failures = 0
+                    continue
+                except nv.NVMLError as exc:
+                    failures += 1
+                    if failures == 3:
+                        self._set_status("nvml", False, f"nvmlEventSetWait: {exc}")
+                    stop.wait(min(1.0 * failures, 10.0))
+                    continue
+                if failures:
+                    failures = 0
+                    self._set_status("nvml", True, "")
+                if int(data.eventType) & int(nv.nvmlEventTypeXidCriticalError):
+                    self._on_nvml(devices, nv, data.device, int(data.eventData))
+        except Exception as exc:
+            log.exception("babysitter: NVML Xid event loop failed")
+            self._set_status("nvml", False, f"{type(exc).__name__}: {exc}")
+        finally:
+            if event_set is not None:
+                try:
+                    nv.nvmlEventSetFree(event_set)
+                except Exception:
+                    log.debug("babysitter: nvmlEventSetFree failed", exc_info=True)
+            try:
+                nv.nvmlShutdown()
+            except Exception:
+                log.debug("babysitter: nvmlShutdown failed", exc_info=True)
+
+    def _nvml_register(self, nv: Any, event_set: Any) -> _Devices:
+        """Register every GPU that supports Xid events; handle address -> (gpu, uuid, bus, model)."""
+        devices: _Devices = {}
+        for index in range(int(nv.nvmlDeviceGetCount())):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(nv.nvmlDeviceGetUUID(handle))
+                bus = normalize_pci_bus_id(_text(nv.nvmlDeviceGetPciInfo(handle).busId))
+                model = _text(nv.nvmlDeviceGetName(handle))
+                nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
+            except nv.NVMLError_NotSupported:
+                log.info("babysitter: GPU %d does not support NVML Xid events; kernel log only", index)
+                continue
+            except nv.NVMLError as exc:
+                log.warning("babysitter: cannot watch GPU %d for NVML Xid events: %s", index, exc)
+                continue
+            devices[_address(handle)] = (str(index), uuid, bus, model)
+        return devices
+
+    def _on_nvml(self, devices: _Devices, nv: Any, handle: Any, xid: int) -> None:
+        known = devices.get(_address(handle))
+        if known is None:  # not a handle we registered: ask NVML who it is (may fail on a lost GPU)
+            try:
+                uuid = _text(nv.nvmlDeviceGetUUID(handle))
+                bus = normalize_pci_bus_id(_text(nv.nvmlDeviceGetPciInfo(handle).busId))
+            except Exception:
+                uuid, bus = "", ""
+            known = ("", uuid, bus, "")
+        gpu = self._identity(pci_bus_id=known[2], uuid=known[1])
+        self._count("nvml", xid, gpu.label_values() if gpu is not None else known)
+
+
+def _address(handle: Any) -> int | None:
+    """A device handle's pointer value: equal for the handle NVML returns in events and at registration."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return id(handle)
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

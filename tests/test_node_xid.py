@@ -1,0 +1,300 @@
+"""The Xid collector: NVML events (fake pynvml), the kernel log (files, real /dev/kmsg), counted once."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from babysitter.catalog import node as N
+from babysitter.node.collector import GpuIdentity
+from babysitter.node.fake_nvml import FakeNvml, fake_gpus
+from babysitter.node.xid import XidCollector, XidDeduper
+from node_helpers import scrape, wait_for
+
+XID = N.GPU_XID_ERRORS.name
+XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
+
+
+def identities(lib: FakeNvml) -> list[GpuIdentity]:
+    return [GpuIdentity(g.index, g.uuid, g.pci_bus_id, g.name) for g in lib.gpus]
+
+
+def kernel_bus(lib: FakeNvml, index: int) -> str:
+    """The GPU's bus id as the kernel log spells it (``0000:28:00``)."""
+    domain, bus, rest = lib.gpus[index].pci_bus_id.lower().split(":")
+    return f"{int(domain, 16):04x}:{bus}:{rest.split('.')[0]}"
+
+
+def xid_line(bus: str, xid: int, text: str = "pid=1234, name=python3, details") -> str:
+    return f"[ 100.000000] NVRM: Xid (PCI:{bus}): {xid}, {text}\n"
+
+
+def append(path: Path, text: str) -> None:
+    with path.open("a") as fh:
+        fh.write(text)
+
+
+def total(collector: XidCollector, **labels: str) -> float:
+    return sum(scrape(collector).find(XID, **labels))
+
+
+@pytest.fixture(name="lib")
+def _lib() -> FakeNvml:
+    return FakeNvml(fake_gpus(2))
+
+
+@pytest.fixture(name="kernel_log")
+def _kernel_log(tmp_path: Path) -> Path:
+    path = tmp_path / "kern.log"
+    path.write_text("[    1.000000] Linux version 6.8.0\n")
+    return path
+
+
+@pytest.fixture(name="make")
+def _make() -> Iterator[object]:
+    made: list[XidCollector] = []
+
+    def make(**kwargs: object) -> XidCollector:
+        collector = XidCollector(**kwargs)  # type: ignore[arg-type]
+        made.append(collector)
+        collector.start()
+        return collector
+
+    yield make
+    for collector in made:
+        collector.close()
+
+
+class TestNvml:
+    def test_xid_event_counted_with_gpu_labels_and_action(self, lib: FakeNvml, make) -> None:
+        c = make(gpus=lambda: identities(lib), kmsg_path=None, nvml=lib)
+        wait_for(lambda: c.source_status().get("nvml") == (True, ""))
+        assert lib.inject_event(1, XID_EVENT, 79) == 1
+        wait_for(lambda: total(c) == 1)
+        gpu = lib.gpus[1]
+        labels = {"gpu": "1", "uuid": gpu.uuid, "pci_bus_id": kernel_bus(lib, 1), "model": gpu.name}
+        assert scrape(c).value(XID, xid="79", action="reboot", **labels) == 1
+        lib.inject_event(1, XID_EVENT, 79)
+        lib.inject_event(1, XID_EVENT, 79)
+        wait_for(lambda: total(c, xid="79") == 3)  # repeats are visible
+
+    def test_not_supported_gpu_skipped_others_watched(self, lib: FakeNvml, make, caplog) -> None:
+        lib.gpus[0].unsupported.add("nvmlDeviceRegisterEvents")
+        with caplog.at_level(logging.INFO, logger="babysitter.node.xid"):
+            c = make(gpus=lambda: identities(lib), kmsg_path=None, nvml=lib)
+            wait_for(lambda: c.source_status().get("nvml") == (True, ""))
+        assert any("GPU 0 does not support NVML Xid events" in r.message for r in caplog.records)
+        assert lib.inject_event(0, XID_EVENT, 13) == 0  # nothing registered for GPU 0
+        assert lib.inject_event(1, XID_EVENT, 13) == 1
+        wait_for(lambda: total(c) == 1)
+        assert scrape(c).value(XID, gpu="1", xid="13") == 1
+
+    def test_no_gpu_supports_events_marks_source_down(self, lib: FakeNvml, make) -> None:
+        for gpu in lib.gpus:
+            gpu.unsupported.add("nvmlDeviceRegisterEvents")
+        c = make(gpus=lambda: identities(lib), kmsg_path=None, nvml=lib)
+        wait_for(lambda: "nvml" in c.source_status())
+        assert c.source_status()["nvml"] == (False, "no GPU supports Xid events")
+
+    def test_nvml_reference_released_on_close(self, lib: FakeNvml) -> None:
+        c = XidCollector(gpus=lambda: identities(lib), kmsg_path=None, nvml=lib)
+        c.start()
+        wait_for(lambda: c.source_status().get("nvml") == (True, ""))
+        c.close()
+        assert lib.calls.get("nvmlEventSetFree") == 1
+        with pytest.raises(lib.NVMLError_Uninitialized):  # our nvmlInit was the only reference
+            lib.nvmlDeviceGetCount()
+
+
+class TestKernelLog:
+    def test_history_not_counted_new_lines_are(self, kernel_log: Path, make) -> None:
+        append(kernel_log, "[ 5.0] NVRM: GPU at PCI:0000:77:00: GPU-77777777-0000-4000-8000-000000000077\n")
+        append(kernel_log, xid_line("0000:77:00", 48))  # before the agent started: not new
+        c = make(gpus=list, kmsg_path=str(kernel_log))
+        wait_for(lambda: c.follower is not None and c.follower.records == 3)
+        assert total(c) == 0
+        append(kernel_log, xid_line("0000:77:00", 48))
+        wait_for(lambda: total(c) == 1)
+        # an unknown bus is still counted, with the UUID the driver printed for it
+        s = scrape(c)
+        assert s.value(XID, gpu="", model="", pci_bus_id="0000:77:00", xid="48", action="workflow") == 1
+        assert s.value(XID, xid="48", uuid="GPU-77777777-0000-4000-8000-000000000077") == 1
+
+    def test_known_bus_gets_the_gpus_labels(self, lib: FakeNvml, kernel_log: Path, make) -> None:
+        c = make(gpus=lambda: identities(lib), kmsg_path=str(kernel_log))
+        wait_for(lambda: c.source_status().get("kmsg") == (True, ""))
+        append(kernel_log, xid_line(kernel_bus(lib, 0), 31))
+        wait_for(lambda: total(c) == 1)
+        assert scrape(c).value(XID, gpu="0", uuid=lib.gpus[0].uuid, model=lib.gpus[0].name, xid="31") == 1
+
+    def test_partial_line_waits_for_its_end(self, kernel_log: Path, make) -> None:
+        c = make(gpus=list, kmsg_path=str(kernel_log))
+        wait_for(lambda: c.source_status().get("kmsg") == (True, ""))
+        initial = c.follower.records
+        append(kernel_log, "[ 9.0] NVRM: Xid (PCI:0000:9b:00): 7")
+        wait_for(lambda: c.follower.offset == kernel_log.stat().st_size)  # read: a line without its end
+        assert c.follower.records == initial
+        append(kernel_log, "9, GPU has fallen off the bus.\n")
+        wait_for(lambda: total(c) == 1)
+        assert scrape(c).value(XID, xid="79") == 1  # not "7": the line was joined before parsing
+        assert c.follower.records == initial + 1
+
+    def test_rotation_reopens_and_counts_the_new_file(self, kernel_log: Path, make) -> None:
+        c = make(gpus=list, kmsg_path=str(kernel_log))
+        wait_for(lambda: c.source_status().get("kmsg") == (True, ""))
+        rotated = kernel_log.with_suffix(".1")
+        kernel_log.rename(rotated)
+        kernel_log.write_text(xid_line("0000:9b:00", 13))
+        wait_for(lambda: total(c, xid="13") == 1)
+        kernel_log.write_text("")  # truncated in place (copytruncate), then a line of the same length
+        append(kernel_log, xid_line("0000:9b:00", 13, text="pid=4321, name=python3, details"))
+        wait_for(lambda: total(c, xid="13") == 2)
+
+    def test_unreadable_kernel_log_one_line_nvml_still_counts(
+        self, lib: FakeNvml, tmp_path: Path, make, caplog
+    ) -> None:
+        missing = tmp_path / "no-such-kmsg"
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.xid"):
+            c = make(gpus=lambda: identities(lib), kmsg_path=str(missing), nvml=lib, kmsg_retry_seconds=0.05)
+            wait_for(lambda: c.source_status().get("kmsg", (True,))[0] is False)
+            wait_for(lambda: c.source_status().get("nvml") == (True, ""))
+            lib.inject_event(0, XID_EVENT, 48)
+            wait_for(lambda: total(c, xid="48") == 1)
+        lines = [r.message for r in caplog.records if "kmsg" in r.message]
+        assert len(lines) == 1, lines  # retried many times, logged once
+        assert "no such file" in lines[0]
+        missing.write_text("")  # it appears: the source recovers
+        wait_for(lambda: c.source_status()["kmsg"] == (True, ""))
+
+    def test_directory_is_not_a_kernel_log(self, tmp_path: Path, make) -> None:
+        c = make(gpus=list, kmsg_path=str(tmp_path))
+        wait_for(lambda: "kmsg" in c.source_status())
+        ok, reason = c.source_status()["kmsg"]
+        assert not ok
+        assert "not a character device or regular file" in reason
+
+
+class TestCountedOnce:
+    def test_same_event_through_both_sources_counts_once(self, lib: FakeNvml, kernel_log: Path, make) -> None:
+        c = make(gpus=lambda: identities(lib), kmsg_path=str(kernel_log), nvml=lib)
+        wait_for(lambda: c.source_status() == {"kmsg": (True, ""), "nvml": (True, "")})
+        bus = kernel_bus(lib, 0)
+        lib.inject_event(0, XID_EVENT, 48)
+        append(kernel_log, xid_line(bus, 48))
+        wait_for(lambda: c.sightings() == {"kmsg": 1, "nvml": 1})
+        assert total(c) == 1
+        # a burst of three seen by both sources: three events
+        for _ in range(3):
+            lib.inject_event(0, XID_EVENT, 48)
+            append(kernel_log, xid_line(bus, 48))
+        wait_for(lambda: c.sightings() == {"kmsg": 4, "nvml": 4})
+        assert total(c) == 4
+        # the driver rate-limited its print: NVML alone still counts
+        lib.inject_event(0, XID_EVENT, 48)
+        wait_for(lambda: c.sightings()["nvml"] == 5)
+        assert total(c) == 5
+        # another GPU, or another code on the same GPU, never pairs with these
+        append(kernel_log, xid_line(kernel_bus(lib, 1), 48) + xid_line(bus, 13))
+        wait_for(lambda: c.sightings()["kmsg"] == 6)
+        assert total(c) == 7
+        assert scrape(c).value(XID, gpu="0", xid="48") == 5
+
+
+class TestDeduper:
+    def test_pairs_across_sources_only_within_window(self) -> None:
+        d = XidDeduper(10.0)
+        key = ("0000:18:00", 79)
+        assert d.admit(key, "nvml", 0.0)
+        assert not d.admit(key, "kmsg", 9.0)  # the same event, seen late by the other source
+        assert d.admit(key, "kmsg", 9.5)  # nothing left to pair with: a new event
+        assert d.admit(key, "nvml", 20.0)  # the kmsg sighting at 9.5 expired at 19.5
+
+    def test_one_source_repeats_never_merge(self) -> None:
+        d = XidDeduper(10.0)
+        assert all(d.admit(("b", 13), "kmsg", t / 10) for t in range(50))
+        assert sum(not d.admit(("b", 13), "nvml", 5.0 + t / 100) for t in range(60)) == 50
+
+    def test_memory_is_bounded(self) -> None:
+        d = XidDeduper(1e9, max_pending=8)
+        for t in range(100):
+            d.admit(("b", 13), "kmsg", float(t))
+        assert sum(not d.admit(("b", 13), "nvml", 100.0) for _ in range(20)) == 8
+
+
+_NOBODY_SCRIPT = textwrap.dedent(
+    """
+    import json, logging, sys
+    from babysitter.node.collector import GpuIdentity
+    from babysitter.node.fake_nvml import FakeNvml, fake_gpus
+    from babysitter.node.xid import XidCollector
+    from node_helpers import wait_for
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("babysitter").addHandler(handler)
+    logging.getLogger("babysitter").setLevel(logging.INFO)
+    lib = FakeNvml(fake_gpus(2))
+    ids = [GpuIdentity(g.index, g.uuid, g.pci_bus_id, g.name) for g in lib.gpus]
+    c = XidCollector(gpus=lambda: ids, kmsg_path="/dev/kmsg", nvml=lib, kmsg_retry_seconds=0.05)
+    c.start()
+    wait_for(lambda: len(c.source_status()) == 2)
+    lib.inject_event(1, 0x8, 95)
+    wait_for(lambda: c.sightings()["nvml"] == 1)
+    import time; time.sleep(0.3)  # several kmsg retries
+    samples = [(s.name, s.labels, s.value) for f in c.collect() for s in f.samples]
+    c.close()
+    print(json.dumps({"status": c.source_status(), "samples": samples,
+                      "logs": [r.getMessage() for r in records if "kmsg" in r.getMessage()]}))
+    """
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to an unprivileged user")
+def test_real_dev_kmsg_without_privilege() -> None:
+    """As an unprivileged user (dmesg_restrict=1), /dev/kmsg fails with EPERM: one clear line, NVML works."""
+    if Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() != "1":
+        pytest.skip("dmesg_restrict is off: unprivileged users can read /dev/kmsg here")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    proc = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", _NOBODY_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd="/",
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"]["kmsg"][0] is False
+    assert "permission denied" in out["status"]["kmsg"][1]
+    assert out["status"]["nvml"] == [True, ""]
+    assert len(out["logs"]) == 1
+    assert "/dev/kmsg" in out["logs"][0]
+    xids = [
+        (labels["gpu"], labels["xid"], labels["action"], v) for n, labels, v in out["samples"] if n == XID
+    ]
+    assert xids == [("1", "95", "reset_gpu", 1.0)]
+
+
+def test_real_dev_kmsg_forged_userspace_record_not_counted(make) -> None:
+    """Against the real device: records are read live, and an NVRM line written from userspace is ignored."""
+    try:
+        os.close(os.open("/dev/kmsg", os.O_RDWR))
+    except OSError as exc:
+        pytest.skip(f"/dev/kmsg not readable and writable here: {exc}")
+    c = make(gpus=list, kmsg_path="/dev/kmsg")
+    wait_for(lambda: c.source_status().get("kmsg") == (True, ""))
+    wait_for(lambda: c.follower.records > 0)  # the boot backlog
+    before_forged = c.follower.parser.forged
+    with open("/dev/kmsg", "w") as kmsg:
+        kmsg.write("babysitter test: NVRM: Xid (PCI:0000:99:00): 79, forged by tests/test_node_xid.py\n")
+    wait_for(lambda: c.follower.parser.forged == before_forged + 1)
+    assert total(c) == 0
