@@ -1,0 +1,896 @@
+"""Alert rules, each with the promtool test cases that prove it fires and that it stays quiet.
+
+Every alert carries ``severity`` (``critical`` pages, ``warning`` goes to chat), ``component``
+(``training``, ``checkpoint``, ``storage``, ``gpu``, ``node``: what Alertmanager groups and inhibits by),
+a summary, a description that quotes the value and the labels, and a ``runbook_url`` from the config's
+one pattern. Each alert's test runs promtool against the generated recording and alert rules together:
+quiet cases (before ``for:`` or below the threshold, often next to a healthy twin series) and a firing
+case with its exact labels and rendered annotations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from babysitter.catalog import MetricSpec
+from babysitter.catalog import goodput as G
+from babysitter.catalog import node as N
+from babysitter.catalog import storage as S
+from babysitter.catalog import train as T
+from babysitter.generate.config import GenerateConfig, parse_duration
+from babysitter.generate.promql import by, eq, new_or_increased, regex, select
+from babysitter.generate.rules import Records
+
+__all__ = ["Alert", "AlertTest", "alert_groups", "alerts", "test_file"]
+
+Labels = Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class AlertTest:
+    """promtool input series and expectations for one alert (written for the default config)."""
+
+    series: tuple[tuple[str, str], ...]
+    #: Eval times at which the alert must not fire, with why (before ``for:``, below threshold...).
+    quiet: tuple[tuple[str, str], ...]
+    fire_at: str
+    #: Labels of each alert expected at ``fire_at`` (besides severity and component), in order.
+    fire_labels: tuple[Labels, ...]
+    #: Expected summary and description, rendered, one pair per firing alert.
+    fire_text: tuple[tuple[str, str], ...]
+    interval: str = "1m"
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alerting rule and its test."""
+
+    name: str
+    expr: str
+    severity: str
+    component: str
+    summary: str
+    description: str
+    for_: str
+    test: AlertTest | None = field(default=None, compare=False)
+
+    def rule(self, cfg: GenerateConfig) -> dict[str, object]:
+        """The rule as it goes into the rule file."""
+        rule: dict[str, object] = {"alert": self.name, "expr": self.expr}
+        if parse_duration(self.for_) > 0:
+            rule["for"] = self.for_
+        rule["labels"] = {"component": self.component, "severity": self.severity}
+        rule["annotations"] = {
+            "description": self.description,
+            "runbook_url": cfg.runbook_url(self.name),
+            "summary": self.summary,
+        }
+        return rule
+
+
+def _l(name: str) -> str:
+    return "{{ $labels.%s }}" % name  # noqa: UP031 - braces of Go templates fight f-strings
+
+
+_V = "{{ $value | humanize }}"
+_VD = "{{ $value | humanizeDuration }}"
+_VP = "{{ $value | humanizePercentage }}"
+
+
+def _series(spec: MetricSpec, labels: Labels, suffix: str = "") -> str:
+    """A promtool input series name for a catalog entry."""
+    inner = ", ".join(eq(key, value) for key, value in labels.items())
+    return f"{spec.name}{suffix}{{{inner}}}"
+
+
+def _up_series(labels: Labels) -> str:
+    inner = ", ".join(eq(key, value) for key, value in labels.items())
+    return f"up{{{inner}}}"
+
+
+# Test fixtures: the label sets series carry in a real deployment (tracker series come through the
+# node agent, so they carry its job and instance too).
+_TRAIN = {"cluster": "c1", "instance": "n1:9400", "job": "babysitter-node", "run": "r1", "rank": "0"}
+_GPU = {
+    "cluster": "c1",
+    "gpu": "3",
+    "instance": "n1:9400",
+    "job": "babysitter-node",
+    "model": "NVIDIA H100 80GB HBM3",
+    "pci_bus_id": "0000:9b:00",
+    "uuid": "GPU-8c5d3f3a",
+}
+
+
+def _with(base: Labels, **extra: str) -> dict[str, str]:
+    return {**base, **extra}
+
+
+def _run_labels(run: str = "r1") -> dict[str, str]:
+    return {"cluster": "c1", "run": run}
+
+
+def _gpu_labels(**extra: str) -> dict[str, str]:
+    keep = ("cluster", "instance", *N.GPU_LABELS)
+    return {**{key: _GPU[key] for key in keep}, **extra}
+
+
+def _training(cfg: GenerateConfig, r: Records) -> list[Alert]:
+    ts, c = cfg.tracker_selector, cfg.cluster_label
+    run, on_run = by(r.run_key), f"on ({', '.join(r.run_key)})"
+    last = select(T.LAST_STEP_TIMESTAMP, ts)
+    stall_min = cfg.stall_min_seconds
+    stalled = Alert(
+        name="TrainingStalled",
+        expr=(
+            f"time() - max {run} ({last})\n> {on_run}\n"
+            f"(\n  ({cfg.stall_step_factor:g} * {r.step_baseline} > {stall_min})\n  or {on_run}\n"
+            f"  (0 * max {run} ({last}) + {stall_min})\n)"
+        ),
+        severity="critical",
+        component="training",
+        summary=f"Run {_l('run')} has not finished a step for {_VD}.",
+        description=(
+            f"No rank of run {_l('run')} on cluster {_l(c)} finished a training step for {_VD}; the stall "
+            f"threshold is max({stall_min}s, {cfg.stall_step_factor:g} x the run's mean step time over "
+            f"{cfg.stall_baseline_window}). The job hangs (collective, data loader, storage) or is stopped."
+        ),
+        for_=cfg.stall_for,
+        test=AlertTest(
+            series=(
+                (_series(T.LAST_STEP_TIMESTAMP, _TRAIN), "0+60x20 1200+0x40"),
+                (_series(T.STEP_DURATION, _TRAIN, "_sum"), "0+60x20 1200+0x40"),
+                (_series(T.STEP_DURATION, _TRAIN, "_count"), "0+60x20 1200+0x40"),
+                (_series(T.LAST_STEP_TIMESTAMP, _with(_TRAIN, run="r2")), "0+60x60"),
+                (_series(T.STEP_DURATION, _with(_TRAIN, run="r2"), "_sum"), "0+60x60"),
+                (_series(T.STEP_DURATION, _with(_TRAIN, run="r2"), "_count"), "0+60x60"),
+            ),
+            quiet=(("25m", "5 min without a step is below the 10 min minimum"), ("31m", "before for:")),
+            fire_at="32m",
+            fire_labels=(_run_labels(),),
+            fire_text=(
+                (
+                    "Run r1 has not finished a step for 12m 0s.",
+                    "No rank of run r1 on cluster c1 finished a training step for 12m 0s; the stall "
+                    "threshold is max(600s, 10 x the run's mean step time over 1h). The job hangs "
+                    "(collective, data loader, storage) or is stopped.",
+                ),
+            ),
+        ),
+    )
+    target_labels = {"cluster": "c1", "instance": "n1:8000", "job": "babysitter-train"}
+    train_down = Alert(
+        name="TrainingTargetDown",
+        expr=f"up{{{cfg.tracker_up_selector}}} == 0",
+        severity="warning",
+        component="training",
+        summary=f"Training metrics endpoint {_l('instance')} is down.",
+        description=(
+            f"Prometheus has not scraped {_l('job')} at {_l('instance')} for {cfg.target_down_for}: the "
+            "training process died, hangs hard, or its port is unreachable. Its run's alerts are blind."
+        ),
+        for_=cfg.target_down_for,
+        test=AlertTest(
+            series=(
+                (_up_series(target_labels), "1+0x5 0+0x10"),
+                (_up_series(_with(target_labels, instance="n2:8000")), "1+0x15"),
+            ),
+            quiet=(("5m", "target up"), ("10m", "before for:")),
+            fire_at="12m",
+            fire_labels=(target_labels,),
+            fire_text=(
+                (
+                    "Training metrics endpoint n1:8000 is down.",
+                    "Prometheus has not scraped babysitter-train at n1:8000 for 5m: the training process "
+                    "died, hangs hard, or its port is unreachable. Its run's alerts are blind.",
+                ),
+            ),
+        ),
+    )
+    peak_all = r.mfu
+    mfu_drop = Alert(
+        name="TrainingMfuDrop",
+        expr=(
+            f"{peak_all}\n< {on_run}\n"
+            f"({1 - cfg.mfu_drop_fraction:g} * "
+            f"quantile_over_time(0.5, {peak_all}[{cfg.mfu_baseline_window}]))"
+            f"\nand {on_run}\n{r.steps_rate} > 0"
+        ),
+        severity="warning",
+        component="training",
+        summary=f"MFU of run {_l('run')} dropped to {_VP}.",
+        description=(
+            f"Run {_l('run')} on cluster {_l(c)} runs at {_VP} MFU, more than "
+            f"{cfg.mfu_drop_fraction:.0%} below its median over the last {cfg.mfu_baseline_window}, "
+            f"while still stepping. Look for a slow node, throttling GPUs or a data stall."
+        ),
+        for_=cfg.mfu_drop_for,
+        test=AlertTest(
+            series=(
+                (_series(T.MODEL_FLOPS, _TRAIN), "0+3000x120 361800+1800x80"),
+                (_series(T.PEAK_FLOPS, _TRAIN), "100+0x200"),
+                (_series(T.STEPS, _TRAIN), "0+60x200"),
+                (_series(T.MODEL_FLOPS, _with(_TRAIN, run="r2")), "0+3000x200"),
+                (_series(T.PEAK_FLOPS, _with(_TRAIN, run="r2")), "100+0x200"),
+                (_series(T.STEPS, _with(_TRAIN, run="r2")), "0+60x200"),
+            ),
+            quiet=(("100m", "MFU at its baseline"), ("150m", "before for:")),
+            fire_at="160m",
+            fire_labels=(_run_labels(),),
+            fire_text=(
+                (
+                    "MFU of run r1 dropped to 30%.",
+                    "Run r1 on cluster c1 runs at 30% MFU, more than 20% below its median over the last "
+                    "6h, while still stepping. Look for a slow node, throttling GPUs or a data stall.",
+                ),
+            ),
+        ),
+    )
+    straggler = Alert(
+        name="TrainingStragglerRank",
+        expr=(
+            f"{r.rank_step_ratio} > {cfg.straggler_ratio:g}\n"
+            f"and {on_run}\ncount {run} ({r.rank_step_mean}) >= 2"
+        ),
+        severity="warning",
+        component="training",
+        summary=f"Rank {_l('rank')} of run {_l('run')} steps {_V}x slower than the median rank.",
+        description=(
+            f"Rank {_l('rank')} of run {_l('run')} on cluster {_l(c)} has a mean step time {_V} times the "
+            f"median rank's over {cfg.rate_window}. Find its host on the Stragglers dashboard and check "
+            f"that node's GPUs (throttling, Xid), NICs and data loader."
+        ),
+        for_=cfg.straggler_for,
+        test=AlertTest(
+            series=tuple(
+                item
+                for rank, per_step in (("0", 60), ("1", 60), ("2", 90))
+                for item in (
+                    (_series(T.STEP_DURATION, _with(_TRAIN, rank=rank), "_sum"), f"0+{per_step}x40"),
+                    (_series(T.STEP_DURATION, _with(_TRAIN, rank=rank), "_count"), "0+60x40"),
+                )
+            ),
+            quiet=(("10m", "before for:"),),
+            fire_at="20m",
+            fire_labels=(_with(_run_labels(), rank="2"),),
+            fire_text=(
+                (
+                    "Rank 2 of run r1 steps 1.5x slower than the median rank.",
+                    "Rank 2 of run r1 on cluster c1 has a mean step time 1.5 times the median rank's over "
+                    "5m. Find its host on the Stragglers dashboard and check that node's GPUs (throttling, "
+                    "Xid), NICs and data loader.",
+                ),
+            ),
+        ),
+    )
+    goodput = Alert(
+        name="TrainingGoodputLow",
+        expr=(
+            f"{r.goodput_window} < {cfg.goodput_target:g}\n"
+            f"and {on_run}\n({r.productive_window} + {r.badput_window}) > {cfg.goodput_min_wall_seconds}"
+        ),
+        severity="warning",
+        component="training",
+        summary=f"Goodput of run {_l('run')} is {_VP} over {cfg.goodput_window}.",
+        description=(
+            f"Run {_l('run')} on cluster {_l(c)} turned only {_VP} of its wall time into kept progress "
+            f"over the last {cfg.goodput_window} (target {cfg.goodput_target:.0%}). The Run overview "
+            f"dashboard splits the rest by cause."
+        ),
+        for_=cfg.goodput_for,
+        test=AlertTest(
+            series=(
+                (_series(G.PRODUCTIVE_SECONDS, _TRAIN), "0+48x300"),
+                (_series(G.BADPUT_SECONDS, _with(_TRAIN, cause="downtime")), "0+12x300"),
+                (_series(G.PRODUCTIVE_SECONDS, _with(_TRAIN, run="r2")), "0+57x300"),
+                (_series(G.BADPUT_SECONDS, _with(_TRAIN, run="r2", cause="startup")), "0+3x300"),
+            ),
+            quiet=(("170m", "younger than 3h of wall time"), ("235m", "before for:")),
+            fire_at="250m",
+            fire_labels=(_run_labels(),),
+            fire_text=(
+                (
+                    "Goodput of run r1 is 80% over 24h.",
+                    "Run r1 on cluster c1 turned only 80% of its wall time into kept progress over the "
+                    "last 24h (target 90%). The Run overview dashboard splits the rest by cause.",
+                ),
+            ),
+        ),
+    )
+    nonfinite = Alert(
+        name="TrainingNonFiniteLoss",
+        expr=f"sum {run} (\n  {new_or_increased(select(T.NONFINITE_LOSS, ts), cfg.nonfinite_window)}\n)",
+        severity="critical",
+        component="training",
+        summary=f"Run {_l('run')} produced a NaN or infinite loss.",
+        description=(
+            f"Run {_l('run')} on cluster {_l(c)} read {_V} non-finite loss values in the last "
+            f"{cfg.nonfinite_window}. Every step from here on may be wasted: decide whether to roll back "
+            f"to the last good checkpoint."
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=(
+                (_series(T.NONFINITE_LOSS, _TRAIN), "0+0x10 3+0x10"),
+                (_series(T.NONFINITE_LOSS, _with(_TRAIN, run="r2")), "0+0x20"),
+            ),
+            quiet=(("10m", "no non-finite loss yet"),),
+            fire_at="12m",
+            fire_labels=(_run_labels(),),
+            fire_text=(
+                (
+                    "Run r1 produced a NaN or infinite loss.",
+                    "Run r1 on cluster c1 read 3 non-finite loss values in the last 10m. Every step from "
+                    "here on may be wasted: decide whether to roll back to the last good checkpoint.",
+                ),
+            ),
+        ),
+    )
+    return [stalled, train_down, mfu_drop, straggler, goodput, nonfinite]
+
+
+def _checkpoint(cfg: GenerateConfig, r: Records) -> list[Alert]:
+    ts, ns, c = cfg.tracker_selector, cfg.node_selector, cfg.cluster_label
+    run, on_run = by(r.run_key), f"on ({', '.join(r.run_key)})"
+    last = select(T.CKPT_LAST_SUCCESS, ts)
+    start = select(T.RUN_START_TIMESTAMP, ts)
+    # The reference time: the last successful save, or the incarnation's start before any save.
+    since = f"(max {run} ({last} > 0) or {on_run} max {run} ({start}))"
+    limit = cfg.checkpoint_overdue_max_seconds
+    overdue = Alert(
+        name="CheckpointOverdue",
+        expr=(
+            f"time() - {since}\n> {on_run}\n"
+            f"(\n  clamp_max({cfg.checkpoint_overdue_factor:g} * {r.checkpoint_interval}, {limit})\n"
+            f"  or {on_run}\n  (0 * {since} + {limit})\n)"
+        ),
+        severity="warning",
+        component="checkpoint",
+        summary=f"Run {_l('run')} has not saved a checkpoint for {_VD}.",
+        description=(
+            f"The last successful checkpoint save of run {_l('run')} on cluster {_l(c)} was {_VD} ago, "
+            f"more than {cfg.checkpoint_overdue_factor:g}x its observed save interval (at most {limit}s). "
+            f"A crash now loses all of that progress."
+        ),
+        for_=cfg.checkpoint_overdue_for,
+        test=AlertTest(
+            series=(
+                (_series(T.CKPT_LAST_SUCCESS, _TRAIN), "_x10 600+0x29 2400+0x29 4200+0x29 6000+0x120"),
+                (_series(T.RUN_START_TIMESTAMP, _TRAIN), "0+0x220"),
+                (
+                    _series(T.CKPT_LAST_SUCCESS, _with(_TRAIN, run="r2")),
+                    "_x10 600+0x29 2400+0x29 4200+0x29 6000+0x29 7800+0x29 9600+0x29 11400+0x29",
+                ),
+                (_series(T.RUN_START_TIMESTAMP, _with(_TRAIN, run="r2")), "0+0x220"),
+            ),
+            quiet=(("150m", "within 2x the 30 min interval"), ("165m", "before for:")),
+            fire_at="170m",
+            fire_labels=(_run_labels(),),
+            fire_text=(
+                (
+                    "Run r1 has not saved a checkpoint for 1h 10m 0s.",
+                    "The last successful checkpoint save of run r1 on cluster c1 was 1h 10m 0s ago, more "
+                    "than 2x its observed save interval (at most 14400s). A crash now loses all of that "
+                    "progress.",
+                ),
+            ),
+        ),
+    )
+    fw = cfg.checkpoint_failure_window
+    failing = Alert(
+        name="CheckpointSaveFailing",
+        expr=f"sum {run} (\n  {new_or_increased(select(T.CKPT_FAILURES, ts), fw)}\n)",
+        severity="critical",
+        component="checkpoint",
+        summary=f"Checkpoint saves of run {_l('run')} are failing.",
+        description=(
+            f"{_V} checkpoint saves of run {_l('run')} on cluster {_l(c)} raised an error in the last {fw}. "
+            f"Until one succeeds, every step is at risk."
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=(
+                (_series(T.CKPT_FAILURES, _TRAIN), "0+0x30 1+0x30"),
+                (_series(T.CKPT_FAILURES, _with(_TRAIN, run="r2")), "0+0x60"),
+            ),
+            quiet=(("30m", "no failure yet"), ("65m", "the failure left the window")),
+            fire_at="35m",
+            fire_labels=(_run_labels(),),
+            fire_text=(
+                (
+                    "Checkpoint saves of run r1 are failing.",
+                    "1 checkpoint saves of run r1 on cluster c1 raised an error in the last 30m. Until one "
+                    "succeeds, every step is at risk.",
+                ),
+            ),
+        ),
+    )
+    sw = cfg.checkpoint_slow_window
+    save_sum = select(T.CKPT_SAVE_DURATION, ts, suffix="_sum")
+    save_count = select(T.CKPT_SAVE_DURATION, ts, suffix="_count")
+    slow = Alert(
+        name="CheckpointSaveSlow",
+        expr=(
+            f"max {run} (\n  rate({save_sum}[{sw}])\n  /\n  rate({save_count}[{sw}])\n)"
+            f" > {cfg.checkpoint_save_slow_seconds:g}"
+        ),
+        severity="warning",
+        component="checkpoint",
+        summary=f"Checkpoint saves of run {_l('run')} take {_VD}.",
+        description=(
+            f"Checkpoint saves of run {_l('run')} on cluster {_l(c)} blocked training for {_VD} on average "
+            f"over the last {sw} (threshold {cfg.checkpoint_save_slow_seconds:g}s). Check the storage probe "
+            f"of the run's nodes."
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=(
+                (_series(T.CKPT_SAVE_DURATION, _TRAIN, "_sum"), "0+0x10 900+0x20"),
+                (_series(T.CKPT_SAVE_DURATION, _TRAIN, "_count"), "0+0x10 1+0x20"),
+                (_series(T.CKPT_SAVE_DURATION, _with(_TRAIN, run="r2"), "_sum"), "0+0x10 60+0x20"),
+                (_series(T.CKPT_SAVE_DURATION, _with(_TRAIN, run="r2"), "_count"), "0+0x10 1+0x20"),
+            ),
+            quiet=(("10m", "no save yet"),),
+            fire_at="20m",
+            fire_labels=(_run_labels(),),
+            fire_text=(
+                (
+                    "Checkpoint saves of run r1 take 15m 0s.",
+                    "Checkpoint saves of run r1 on cluster c1 blocked training for 15m 0s on average over "
+                    "the last 2h (threshold 600s). Check the storage probe of the run's nodes.",
+                ),
+            ),
+        ),
+    )
+    missing_key = (c, "run", "step")
+    missing = Alert(
+        name="CheckpointMissing",
+        expr=f"max {by(missing_key)} ({select(S.CHECKPOINT_MISSING, ns)}) > 0",
+        severity="critical",
+        component="checkpoint",
+        summary=f"Checkpoint of step {_l('step')} of run {_l('run')} is missing.",
+        description=(
+            f"The ledger of run {_l('run')} on cluster {_l(c)} records a completed checkpoint of step "
+            f"{_l('step')}, but the sentinel finds it missing or of the wrong size. A restart from it "
+            f"would fail; the last good checkpoint is older."
+        ),
+        for_=cfg.checkpoint_missing_for,
+        test=AlertTest(
+            series=(
+                (_series(S.CHECKPOINT_MISSING, _with(_GPU, run="r1", step="4000")), "0+0x5 1+0x20"),
+                (_series(S.CHECKPOINT_MISSING, _with(_GPU, run="r1", step="3000")), "0+0x25"),
+            ),
+            quiet=(("5m", "present"), ("7m", "before for:")),
+            fire_at="10m",
+            fire_labels=({"cluster": "c1", "run": "r1", "step": "4000"},),
+            fire_text=(
+                (
+                    "Checkpoint of step 4000 of run r1 is missing.",
+                    "The ledger of run r1 on cluster c1 records a completed checkpoint of step 4000, but the "
+                    "sentinel finds it missing or of the wrong size. A restart from it would fail; the last "
+                    "good checkpoint is older.",
+                ),
+            ),
+        ),
+    )
+    return [overdue, failing, slow, missing]
+
+
+def _node(cfg: GenerateConfig, r: Records) -> list[Alert]:
+    ns, c = cfg.node_selector, cfg.cluster_label
+    host_path = (c, "instance", "path")
+    storage_slow = Alert(
+        name="StorageProbeSlow",
+        expr=(
+            f"max {by(host_path)} (avg_over_time({r.storage_probe_total}[{cfg.storage_probe_window}]))"
+            f" > {cfg.storage_probe_slow_seconds:g}"
+        ),
+        severity="warning",
+        component="storage",
+        summary=f"Checkpoint storage {_l('path')} on {_l('instance')} is slow: {_VD} per probe.",
+        description=(
+            f"A small write + fsync in {_l('path')} on {_l('instance')} (cluster {_l(c)}) took {_VD} on "
+            f"average over {cfg.storage_probe_window} (threshold {cfg.storage_probe_slow_seconds:g}s). "
+            f"Checkpoint saves there will be slow or time out."
+        ),
+        for_=cfg.storage_probe_for,
+        test=AlertTest(
+            series=(
+                (_series(S.STORAGE_PROBE_WRITE, _with(_GPU, path="/ckpt")), "0.5+0x40"),
+                (_series(S.STORAGE_PROBE_FSYNC, _with(_GPU, path="/ckpt")), "0.2+0x10 8+0x30"),
+                (_series(S.STORAGE_PROBE_WRITE, _with(_GPU, path="/fast")), "0.5+0x40"),
+                (_series(S.STORAGE_PROBE_FSYNC, _with(_GPU, path="/fast")), "0.2+0x40"),
+            ),
+            quiet=(("10m", "fast"), ("25m", "before for:")),
+            fire_at="35m",
+            fire_labels=({"cluster": "c1", "instance": "n1:9400", "path": "/ckpt"},),
+            fire_text=(
+                (
+                    "Checkpoint storage /ckpt on n1:9400 is slow: 8.5s per probe.",
+                    "A small write + fsync in /ckpt on n1:9400 (cluster c1) took 8.5s on average over 10m "
+                    "(threshold 5s). Checkpoint saves there will be slow or time out.",
+                ),
+            ),
+        ),
+    )
+    storage_collectors = f"collector=~{_json(cfg.storage_collector_regex)}"
+    success = N.COLLECTOR_SUCCESS
+    collector_key = (c, "instance", "collector")
+    collector_series = (
+        (_series(success, {**_node_labels(), "collector": "storage"}), "1+0x5 0+0x20"),
+        (_series(success, {**_node_labels(), "collector": "xid"}), "1+0x5 0+0x20"),
+        (_series(success, {**_node_labels(), "collector": "nvml"}), "1+0x25"),
+    )
+    storage_failing = Alert(
+        name="StorageProbeFailing",
+        expr=f"max {by(collector_key)} ({select(success, ns, storage_collectors)}) == 0",
+        severity="warning",
+        component="storage",
+        summary=f"Storage probe {_l('collector')} on {_l('instance')} fails.",
+        description=(
+            f"The storage probe {_l('collector')} on {_l('instance')} (cluster {_l(c)}) has failed for "
+            f"{cfg.collector_failing_for}: checkpoint storage is unwritable, full or unmounted there."
+        ),
+        for_=cfg.collector_failing_for,
+        test=AlertTest(
+            series=collector_series,
+            quiet=(("5m", "succeeding"), ("15m", "before for:")),
+            fire_at="20m",
+            fire_labels=({"cluster": "c1", "collector": "storage", "instance": "n1:9400"},),
+            fire_text=(
+                (
+                    "Storage probe storage on n1:9400 fails.",
+                    "The storage probe storage on n1:9400 (cluster c1) has failed for 10m: checkpoint "
+                    "storage is unwritable, full or unmounted there.",
+                ),
+            ),
+        ),
+    )
+    other_collectors = f"collector!~{_json(cfg.storage_collector_regex)}"
+    collector_failing = Alert(
+        name="NodeCollectorFailing",
+        expr=f"max {by(collector_key)} ({select(success, ns, other_collectors)}) == 0",
+        severity="warning",
+        component="node",
+        summary=f"Node agent collector {_l('collector')} on {_l('instance')} fails.",
+        description=(
+            f"The {_l('collector')} collector of the node agent on {_l('instance')} (cluster {_l(c)}) has "
+            f"failed for {cfg.collector_failing_for}; what it watches (GPUs, Xid, trainers) is blind there. "
+            f"Its log line says why."
+        ),
+        for_=cfg.collector_failing_for,
+        test=AlertTest(
+            series=collector_series,
+            quiet=(("5m", "succeeding"), ("15m", "before for:")),
+            fire_at="20m",
+            fire_labels=({"cluster": "c1", "collector": "xid", "instance": "n1:9400"},),
+            fire_text=(
+                (
+                    "Node agent collector xid on n1:9400 fails.",
+                    "The xid collector of the node agent on n1:9400 (cluster c1) has failed for 10m; what "
+                    "it watches (GPUs, Xid, trainers) is blind there. Its log line says why.",
+                ),
+            ),
+        ),
+    )
+    agent_labels = {"cluster": "c1", "instance": "n1:9400", "job": "babysitter-node"}
+    agent_down = Alert(
+        name="NodeAgentDown",
+        expr=f"up{{{cfg.node_up_selector}}} == 0",
+        severity="critical",
+        component="node",
+        summary=f"Node agent {_l('instance')} is down.",
+        description=(
+            f"Prometheus has not scraped the node agent at {_l('instance')} (cluster {_l(c)}) for "
+            f"{cfg.target_down_for}: the host is down or unreachable, or the agent died. Its GPU alerts "
+            f"are silenced meanwhile."
+        ),
+        for_=cfg.target_down_for,
+        test=AlertTest(
+            series=(
+                (_up_series(agent_labels), "1+0x5 0+0x10"),
+                (_up_series(_with(agent_labels, instance="n2:9400")), "1+0x15"),
+            ),
+            quiet=(("5m", "up"), ("10m", "before for:")),
+            fire_at="12m",
+            fire_labels=(agent_labels,),
+            fire_text=(
+                (
+                    "Node agent n1:9400 is down.",
+                    "Prometheus has not scraped the node agent at n1:9400 (cluster c1) for 5m: the host is "
+                    "down or unreachable, or the agent died. Its GPU alerts are silenced meanwhile.",
+                ),
+            ),
+        ),
+    )
+    return [storage_slow, storage_failing, collector_failing, agent_down]
+
+
+def _node_labels() -> dict[str, str]:
+    return {key: _GPU[key] for key in ("cluster", "instance", "job")}
+
+
+def _json(text: str) -> str:
+    return eq("x", text)[2:]
+
+
+def _gpu_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
+    ns, c = cfg.node_selector, cfg.cluster_label
+    gpu = by(r.gpu_key)
+    where = f"GPU {_l('gpu')} ({_l('uuid')}, {_l('model')}) on {_l('instance')}, cluster {_l(c)}"
+    xid = N.GPU_XID_ERRORS
+    xid_key = by((*r.gpu_key, "xid", "action"))
+    page = regex("action", cfg.xid_page_actions)
+    rest = regex("action", (*cfg.xid_page_actions, *cfg.xid_ignore_actions), negate=True)
+    xw = cfg.xid_window
+    xid_series = (
+        (_series(xid, _with(_GPU, xid="79", action="reboot")), "_x10 1+0x30"),
+        (_series(xid, _with(_GPU, xid="13", action="restart_app")), "0+0x10 1+0x30"),
+        (_series(xid, _with(_GPU, xid="43", action="ignore")), "0+0x10 5+0x30"),
+    )
+    xid_critical = Alert(
+        name="GpuXidCritical",
+        expr=f"sum {xid_key} (\n  {new_or_increased(select(xid, ns, page), xw)}\n)",
+        severity="critical",
+        component="gpu",
+        summary=f"Xid {_l('xid')} on GPU {_l('gpu')} of {_l('instance')}: {_l('action')}.",
+        description=(
+            f"{where} reported Xid {_l('xid')} ({_V} in the last {xw}); its recovery action is "
+            f"{_l('action')}. The job on this GPU is lost or will be: drain the node, then reset or reboot."
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=xid_series,
+            quiet=(("9m", "no Xid yet"), ("27m", f"the Xid left the {xw} window")),
+            fire_at="12m",
+            fire_labels=(_gpu_labels(action="reboot", xid="79"),),
+            fire_text=(
+                (
+                    "Xid 79 on GPU 3 of n1:9400: reboot.",
+                    "GPU 3 (GPU-8c5d3f3a, NVIDIA H100 80GB HBM3) on n1:9400, cluster c1 reported Xid 79 "
+                    "(1 in the last 15m); its recovery action is reboot. The job on this GPU is lost or will "
+                    "be: drain the node, then reset or reboot.",
+                ),
+            ),
+        ),
+    )
+    xid_warning = Alert(
+        name="GpuXidError",
+        expr=f"sum {xid_key} (\n  {new_or_increased(select(xid, ns, rest), xw)}\n)",
+        severity="warning",
+        component="gpu",
+        summary=f"Xid {_l('xid')} on GPU {_l('gpu')} of {_l('instance')}.",
+        description=(
+            f"{where} reported Xid {_l('xid')} ({_V} in the last {xw}), recovery action {_l('action')}: "
+            f"usually the application's fault; watch for repeats and for the job restarting."
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=xid_series,
+            quiet=(("10m", "no Xid yet"),),
+            fire_at="12m",
+            fire_labels=(_gpu_labels(action="restart_app", xid="13"),),
+            fire_text=(
+                (
+                    "Xid 13 on GPU 3 of n1:9400.",
+                    "GPU 3 (GPU-8c5d3f3a, NVIDIA H100 80GB HBM3) on n1:9400, cluster c1 reported Xid 13 "
+                    "(1 in the last 15m), recovery action restart_app: usually the application's fault; "
+                    "watch for repeats and for the job restarting.",
+                ),
+            ),
+        ),
+    )
+    down = Alert(
+        name="GpuDown",
+        expr=f"max {gpu} ({select(N.GPU_UP, ns)}) == 0",
+        severity="critical",
+        component="gpu",
+        summary=f"GPU {_l('gpu')} of {_l('instance')} does not answer.",
+        description=(
+            f"{where} does not answer NVML/DCGM queries (fallen off the bus, driver hung). The job using "
+            f"it is stuck or dead; drain and reboot the node."
+        ),
+        for_=cfg.gpu_down_for,
+        test=AlertTest(
+            series=(
+                (_series(N.GPU_UP, _GPU), "1+0x5 0+0x10"),
+                (_series(N.GPU_UP, _with(_GPU, gpu="0", uuid="GPU-11aa22bb")), "1+0x15"),
+            ),
+            quiet=(("5m", "up"), ("6m", "before for:")),
+            fire_at="8m",
+            fire_labels=(_gpu_labels(),),
+            fire_text=(
+                (
+                    "GPU 3 of n1:9400 does not answer.",
+                    "GPU 3 (GPU-8c5d3f3a, NVIDIA H100 80GB HBM3) on n1:9400, cluster c1 does not answer "
+                    "NVML/DCGM queries (fallen off the bus, driver hung). The job using it is stuck or dead; "
+                    "drain and reboot the node.",
+                ),
+            ),
+        ),
+    )
+    ecc_sel = select(N.GPU_ECC_ERRORS, ns, eq("type", cfg.ecc_uncorrected_type))
+    ecc = Alert(
+        name="GpuEccUncorrectable",
+        expr=f"max {gpu} (\n  {new_or_increased(ecc_sel, cfg.ecc_window)}\n)",
+        severity="critical",
+        component="gpu",
+        summary=f"Uncorrectable ECC error on GPU {_l('gpu')} of {_l('instance')}.",
+        description=(
+            f"{where} counted {_V} uncorrectable ECC errors in the last {cfg.ecc_window}. The job on it "
+            f"has likely crashed; the GPU needs a reset before new work, and an RMA if it repeats."
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=(
+                (
+                    _series(N.GPU_ECC_ERRORS, _with(_GPU, type="uncorrected", scope="volatile")),
+                    "0+0x10 2+0x10",
+                ),
+                (_series(N.GPU_ECC_ERRORS, _with(_GPU, type="corrected", scope="volatile")), "0+5x20"),
+            ),
+            quiet=(("10m", "only corrected errors"),),
+            fire_at="12m",
+            fire_labels=(_gpu_labels(),),
+            fire_text=(
+                (
+                    "Uncorrectable ECC error on GPU 3 of n1:9400.",
+                    "GPU 3 (GPU-8c5d3f3a, NVIDIA H100 80GB HBM3) on n1:9400, cluster c1 counted 2 "
+                    "uncorrectable ECC errors in the last 15m. The job on it has likely crashed; the GPU "
+                    "needs a reset before new work, and an RMA if it repeats.",
+                ),
+            ),
+        ),
+    )
+    remap = N.GPU_REMAPPED_ROWS
+    pending = Alert(
+        name="GpuRowRemapPending",
+        expr=f"max {gpu} ({select(remap, ns, eq('state', cfg.remap_pending_state))}) > 0",
+        severity="warning",
+        component="gpu",
+        summary=f"GPU {_l('gpu')} of {_l('instance')} needs a reset to remap memory rows.",
+        description=(
+            f"{where} has {_V} memory row remaps pending; they take effect at the next GPU reset. Reset it "
+            f"at the next job boundary (drain, nvidia-smi -r)."
+        ),
+        for_=cfg.remap_pending_for,
+        test=AlertTest(
+            series=(
+                (_series(remap, _with(_GPU, state="pending")), "0+0x5 1+0x20"),
+                (_series(remap, _with(_GPU, state="failure")), "0+0x25"),
+            ),
+            quiet=(("5m", "none pending"), ("15m", "before for:")),
+            fire_at="20m",
+            fire_labels=(_gpu_labels(),),
+            fire_text=(
+                (
+                    "GPU 3 of n1:9400 needs a reset to remap memory rows.",
+                    "GPU 3 (GPU-8c5d3f3a, NVIDIA H100 80GB HBM3) on n1:9400, cluster c1 has 1 memory row "
+                    "remaps pending; they take effect at the next GPU reset. Reset it at the next job "
+                    "boundary (drain, nvidia-smi -r).",
+                ),
+            ),
+        ),
+    )
+    failed = Alert(
+        name="GpuRowRemapFailed",
+        expr=f"max {gpu} ({select(remap, ns, eq('state', cfg.remap_failure_state))}) > 0",
+        severity="critical",
+        component="gpu",
+        summary=f"GPU {_l('gpu')} of {_l('instance')} failed to remap a memory row.",
+        description=(
+            f"{where} reports a failed row remap: it has run out of spare rows. Drain the node and RMA "
+            f"the GPU."
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=(
+                (_series(remap, _with(_GPU, state="failure")), "0+0x5 1+0x10"),
+                (_series(remap, _with(_GPU, state="pending")), "2+0x15"),
+            ),
+            quiet=(("5m", "no failure"),),
+            fire_at="7m",
+            fire_labels=(_gpu_labels(),),
+            fire_text=(
+                (
+                    "GPU 3 of n1:9400 failed to remap a memory row.",
+                    "GPU 3 (GPU-8c5d3f3a, NVIDIA H100 80GB HBM3) on n1:9400, cluster c1 reports a failed "
+                    "row remap: it has run out of spare rows. Drain the node and RMA the GPU.",
+                ),
+            ),
+        ),
+    )
+    clock = N.GPU_CLOCK_EVENT_ACTIVE
+    throttled = Alert(
+        name="GpuThrottled",
+        expr=(
+            f"max {by((*r.gpu_key, 'reason'))} (\n"
+            f"  avg_over_time({select(clock, ns, regex('reason', cfg.throttle_reasons))}"
+            f"[{cfg.throttle_window}])\n) > {cfg.throttle_fraction:g}"
+        ),
+        severity="warning",
+        component="gpu",
+        summary=f"GPU {_l('gpu')} of {_l('instance')} is throttled: {_l('reason')}.",
+        description=(
+            f"{where} had clock event {_l('reason')} active {_VP} of the last {cfg.throttle_window}. "
+            f"The whole job runs at the pace of this GPU: check cooling, power and the board."
+        ),
+        for_=cfg.throttle_for,
+        test=AlertTest(
+            series=(
+                (_series(clock, _with(_GPU, reason="hw_thermal")), "0+0x5 1+0x40"),
+                (_series(clock, _with(_GPU, reason="sw_power_cap")), "1+0x45"),
+            ),
+            quiet=(("8m", "not sustained"), ("25m", "before for:")),
+            fire_at="30m",
+            fire_labels=(_gpu_labels(reason="hw_thermal"),),
+            fire_text=(
+                (
+                    "GPU 3 of n1:9400 is throttled: hw_thermal.",
+                    "GPU 3 (GPU-8c5d3f3a, NVIDIA H100 80GB HBM3) on n1:9400, cluster c1 had clock event "
+                    "hw_thermal active 100% of the last 10m. The whole job runs at the pace of this GPU: "
+                    "check cooling, power and the board.",
+                ),
+            ),
+        ),
+    )
+    return [xid_critical, xid_warning, down, ecc, pending, failed, throttled]
+
+
+_GROUPS: tuple[tuple[str, Callable[[GenerateConfig, Records], list[Alert]]], ...] = (
+    ("babysitter-training.alerts", _training),
+    ("babysitter-checkpoint.alerts", _checkpoint),
+    ("babysitter-node.alerts", _node),
+    ("babysitter-gpu.alerts", _gpu_alerts),
+)
+
+
+def alerts(cfg: GenerateConfig) -> list[Alert]:
+    """Every alert for ``cfg``, in file order."""
+    r = Records(cfg)
+    found = [alert for _, make in _GROUPS for alert in make(cfg, r)]
+    names = [alert.name for alert in found]
+    if len(set(names)) != len(names):
+        raise RuntimeError(f"duplicate alert names: {names}")
+    return found
+
+
+def alert_groups(cfg: GenerateConfig) -> list[dict[str, object]]:
+    """The ``groups`` of the alert rule file."""
+    r = Records(cfg)
+    return [{"name": name, "rules": [alert.rule(cfg) for alert in make(cfg, r)]} for name, make in _GROUPS]
+
+
+def test_file(alert: Alert, cfg: GenerateConfig, rule_files: list[str]) -> dict[str, object]:
+    """The promtool test file of one alert; ValueError when the alert has no test."""
+    if alert.test is None:
+        raise ValueError(f"alert {alert.name} has no test")
+    t = alert.test
+    cases: list[dict[str, object]] = [
+        {"eval_time": at, "alertname": alert.name, "exp_alerts": []} for at, _why in t.quiet
+    ]
+    expected = []
+    for labels, (summary, description) in zip(t.fire_labels, t.fire_text, strict=True):
+        expected.append(
+            {
+                "exp_labels": {**labels, "component": alert.component, "severity": alert.severity},
+                "exp_annotations": {
+                    "description": description,
+                    "runbook_url": cfg.runbook_url(alert.name),
+                    "summary": summary,
+                },
+            }
+        )
+    cases.append({"eval_time": t.fire_at, "alertname": alert.name, "exp_alerts": expected})
+    return {
+        "rule_files": rule_files,
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": t.interval,
+                "input_series": [{"series": s, "values": v} for s, v in t.series],
+                "alert_rule_test": cases,
+            }
+        ],
+    }

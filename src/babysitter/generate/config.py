@@ -1,0 +1,224 @@
+"""Every knob of the generated dashboards and rules, in one object, each with the reason it exists.
+
+``GenerateConfig()`` is what the committed ``dashboards/`` and ``alerts/`` are generated from;
+``fast()`` shrinks windows and ``for:`` durations so an end-to-end test (or ``babysitter demo``) sees
+alerts fire within seconds against a real Prometheus scraping every second.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+
+__all__ = ["PROFILES", "GenerateConfig", "fast", "parse_duration", "profile"]
+
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in a Prometheus duration made of h/m/s parts (``"1h30m"``); ValueError otherwise."""
+    match = _DURATION.match(text)
+    if not text or match is None:
+        raise ValueError(f"not a duration (use h/m/s parts, e.g. '1h30m'): {text!r}")
+    hours, minutes, seconds = (int(part) if part else 0 for part in match.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Selectors, thresholds and windows of the generated monitoring; validated on construction."""
+
+    # --- where the series come from -------------------------------------------------------------
+    #: Label that tells clusters (providers) apart. On tracker series it is a constant label the user
+    #: passes to ``watch(labels=...)``; on node agent series a Prometheus target or external label.
+    cluster_label: str = "cluster"
+    #: Extra matchers on every tracker series, e.g. ``'job="babysitter"'``; empty matches all.
+    tracker_selector: str = ""
+    #: Extra matchers on every node agent series (GPU, storage, sentinel, collector health).
+    node_selector: str = ""
+    #: ``up`` series of training processes scraped directly (not through the node agent).
+    tracker_up_selector: str = 'job="babysitter-train"'
+    #: ``up`` series of node agent targets (one target per host).
+    node_up_selector: str = 'job="babysitter-node"'
+    #: Where each alert's runbook lives; ``{alert}`` becomes the alert name. Point it at your docs host.
+    runbook_url_pattern: str = (
+        "https://github.com/babysitter-dev/babysitter/blob/main/docs/runbooks/{alert}.md"
+    )
+
+    # --- aggregation windows ----------------------------------------------------------------------
+    #: Window of the rates the dashboards and recording rules use; at least 4 scrape intervals.
+    rate_window: str = "5m"
+
+    # --- training stalled -------------------------------------------------------------------------
+    #: A run is stalled after max(stall_min_seconds, stall_step_factor x its mean step time).
+    stall_min_seconds: int = 600
+    #: How many typical steps of silence count as a stall (long steps of huge models need more than 10 min).
+    stall_step_factor: float = 10.0
+    #: Window over which the typical (mean) step time is measured; must cover many steps.
+    stall_baseline_window: str = "1h"
+    #: Extra wait before paging once the threshold is crossed (the threshold already is the grace period).
+    stall_for: str = "1m"
+
+    # --- targets ----------------------------------------------------------------------------------
+    #: How long a scrape target may be down before paging (rides out a restart or a short network blip).
+    target_down_for: str = "5m"
+
+    # --- MFU and stragglers -----------------------------------------------------------------------
+    #: The run's own MFU baseline: median of its 5-minute MFU over this window.
+    mfu_baseline_window: str = "6h"
+    #: Fire when MFU falls below (1 - mfu_drop_fraction) x baseline while the run is stepping.
+    mfu_drop_fraction: float = 0.2
+    #: A drop must last this long (checkpoints and evals dip MFU briefly on purpose).
+    mfu_drop_for: str = "30m"
+    #: A rank is a straggler when its mean step time exceeds the run's median rank by this factor.
+    straggler_ratio: float = 1.2
+    #: How long a rank must straggle before the alert fires.
+    straggler_for: str = "15m"
+
+    # --- goodput ----------------------------------------------------------------------------------
+    #: Goodput (productive time / wall time) below this over goodput_window warns.
+    goodput_target: float = 0.9
+    #: Window of the goodput alert (the budget question is daily, not minute by minute).
+    goodput_window: str = "24h"
+    #: Ignore runs with less wall time than this in the window (startup dominates a young run).
+    goodput_min_wall_seconds: int = 3 * 3600
+    #: How long goodput must stay low before warning.
+    goodput_for: str = "1h"
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    #: Window over which the observed checkpoint interval is measured (saves counted in it).
+    checkpoint_interval_window: str = "6h"
+    #: A checkpoint is overdue after this many observed intervals without a successful save.
+    checkpoint_overdue_factor: float = 2.0
+    #: Upper bound on the overdue threshold, also used before any interval was observed.
+    checkpoint_overdue_max_seconds: int = 4 * 3600
+    #: Extra wait before the overdue alert fires.
+    checkpoint_overdue_for: str = "5m"
+    #: Window in which any failed save fires the save-failing alert.
+    checkpoint_failure_window: str = "30m"
+    #: Mean blocking save time above this (seconds) over checkpoint_slow_window warns.
+    checkpoint_save_slow_seconds: float = 600.0
+    #: Window of the mean save time for the slow-save alert.
+    checkpoint_slow_window: str = "2h"
+    #: The sentinel reports a missing checkpoint for this long before paging (an in-flight rename).
+    checkpoint_missing_for: str = "2m"
+
+    # --- storage probe ----------------------------------------------------------------------------
+    #: Probe write + fsync time (seconds) above which checkpoint storage counts as slow.
+    storage_probe_slow_seconds: float = 5.0
+    #: Window of the slow-storage alert (average of the probe's samples).
+    storage_probe_window: str = "10m"
+    #: How long the storage probe must be slow before warning.
+    storage_probe_for: str = "10m"
+    #: Regex of node agent collector names that are storage probes (their failures mean storage fails).
+    storage_collector_regex: str = "storage.*"
+    #: How long a collector may fail before warning (one bad scrape is noise).
+    collector_failing_for: str = "10m"
+
+    # --- GPU health -------------------------------------------------------------------------------
+    #: Xid window: any new Xid in it fires; also how long an Xid alert stays up after the last one.
+    xid_window: str = "15m"
+    #: Xid action buckets that page (the GPU or node needs a reset, reboot or drain).
+    xid_page_actions: tuple[str, ...] = ("reset_gpu", "reboot", "drain")
+    #: Xid action buckets never alerted on (known harmless), the rest warn.
+    xid_ignore_actions: tuple[str, ...] = ("ignore",)
+    #: How long gpu_up must be 0 before paging.
+    gpu_down_for: str = "1m"
+    #: ``type`` label value of uncorrectable ECC errors.
+    ecc_uncorrected_type: str = "uncorrected"
+    #: Window in which a new uncorrectable ECC error fires.
+    ecc_window: str = "15m"
+    #: ``state`` label value of rows waiting for a GPU reset to be remapped.
+    remap_pending_state: str = "pending"
+    #: ``state`` label value counting failed row remaps (RMA territory).
+    remap_failure_state: str = "failure"
+    #: How long a row remap may stay pending before warning (the next reset clears it).
+    remap_pending_for: str = "10m"
+    #: Clock event reasons that mean thermal or power throttling (not idle, not app clocks).
+    throttle_reasons: tuple[str, ...] = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+    #: Fraction of throttle_window a reason must be active to count as sustained.
+    throttle_fraction: float = 0.5
+    #: Window of the throttling fraction.
+    throttle_window: str = "10m"
+    #: How long throttling must be sustained before warning.
+    throttle_for: str = "15m"
+
+    # --- loss -------------------------------------------------------------------------------------
+    #: Window in which a non-finite loss fires.
+    nonfinite_window: str = "10m"
+
+    def __post_init__(self) -> None:
+        if not _LABEL.match(self.cluster_label):
+            raise ValueError(f"cluster_label is not a Prometheus label name: {self.cluster_label!r}")
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name.endswith(("_window", "_for")):
+                seconds = parse_duration(value)
+                if item.name.endswith("_window") and seconds <= 0:
+                    raise ValueError(f"{item.name} must be positive: {value!r}")
+        for name in ("mfu_drop_fraction", "goodput_target", "throttle_fraction"):
+            if not 0.0 < getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must lie strictly between 0 and 1")
+        if self.straggler_ratio <= 1.0:
+            raise ValueError("straggler_ratio must be above 1")
+        if "{alert}" not in self.runbook_url_pattern:
+            raise ValueError("runbook_url_pattern must contain {alert}")
+        overlap = set(self.xid_page_actions) & set(self.xid_ignore_actions)
+        if overlap:
+            raise ValueError(f"Xid actions both paged and ignored: {sorted(overlap)}")
+        if not self.throttle_reasons or not self.xid_page_actions:
+            raise ValueError("throttle_reasons and xid_page_actions must not be empty")
+
+    def runbook_url(self, alert: str) -> str:
+        """The runbook link of ``alert``."""
+        return self.runbook_url_pattern.replace("{alert}", alert)
+
+
+def fast(base: GenerateConfig | None = None) -> GenerateConfig:
+    """Short windows and ``for:`` durations for end-to-end tests and demos (1 s scrape interval)."""
+    return replace(
+        base or GenerateConfig(),
+        rate_window="20s",
+        stall_min_seconds=15,
+        stall_step_factor=5.0,
+        stall_baseline_window="2m",
+        stall_for="0s",
+        target_down_for="10s",
+        mfu_baseline_window="5m",
+        mfu_drop_for="30s",
+        straggler_for="30s",
+        goodput_window="10m",
+        goodput_min_wall_seconds=30,
+        goodput_for="30s",
+        checkpoint_interval_window="5m",
+        checkpoint_overdue_max_seconds=120,
+        checkpoint_overdue_for="0s",
+        checkpoint_failure_window="1m",
+        checkpoint_slow_window="2m",
+        checkpoint_missing_for="0s",
+        storage_probe_window="30s",
+        storage_probe_for="10s",
+        collector_failing_for="10s",
+        xid_window="1m",
+        gpu_down_for="5s",
+        ecc_window="1m",
+        remap_pending_for="10s",
+        throttle_window="30s",
+        throttle_for="15s",
+        nonfinite_window="1m",
+    )
+
+
+#: Named profiles the command line offers.
+PROFILES: dict[str, Callable[[], GenerateConfig]] = {"default": GenerateConfig, "fast": fast}
+
+
+def profile(name: str) -> GenerateConfig:
+    """The config of a named profile; KeyError lists the known names."""
+    try:
+        factory = PROFILES[name]
+    except KeyError:
+        raise KeyError(f"unknown profile {name!r}; known: {', '.join(sorted(PROFILES))}") from None
+    return factory()

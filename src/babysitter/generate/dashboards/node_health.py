@@ -1,0 +1,221 @@
+"""Node health: what dcgm-exporter's dashboard lacks (Xid, ECC, row remaps, NVLink) next to the usual
+temperatures, power and clocks, plus the storage probe, per host and GPU."""
+
+from __future__ import annotations
+
+from babysitter.catalog import node as N
+from babysitter.catalog import storage as S
+from babysitter.generate.config import GenerateConfig
+from babysitter.generate.dashboards._builder import Dashboard, Panel, Row, Target
+from babysitter.generate.dashboards._common import gpu_matchers, host_matchers, node_variables
+from babysitter.generate.promql import eq, regex, select
+
+__all__ = ["FILE_NAME", "dashboard"]
+
+FILE_NAME = "babysitter-node-health.json"
+
+
+def dashboard(cfg: GenerateConfig) -> Dashboard:
+    """The node health dashboard for ``cfg``."""
+    g, h = gpu_matchers(cfg), host_matchers(cfg)
+    ri, rng = "$__rate_interval", "$__range"
+    gpu = "{{instance}} GPU {{gpu}}"
+    uncorrected = select(N.GPU_ECC_ERRORS, g, eq("type", cfg.ecc_uncorrected_type))
+    throttling = select(N.GPU_CLOCK_EVENT_ACTIVE, g, regex("reason", cfg.throttle_reasons))
+    xid_by_code = f"sum by (instance, gpu, xid, action) (increase({select(N.GPU_XID_ERRORS, g)}"
+    items: list[Panel | Row] = [
+        Row("Overview"),
+        Panel("GPUs up", (Target(f"sum({select(N.GPU_UP, g)})"),), kind="stat", width=4, height=5),
+        Panel(
+            "GPUs down",
+            (Target(f"count({select(N.GPU_UP, g)} == 0) or vector(0)"),),
+            kind="stat",
+            width=4,
+            height=5,
+            red_above=0.5,
+        ),
+        Panel(
+            "Xid errors in range",
+            (Target(f"sum(increase({select(N.GPU_XID_ERRORS, g)}[{rng}])) or vector(0)"),),
+            kind="stat",
+            width=4,
+            height=5,
+            red_above=0.5,
+        ),
+        Panel(
+            "Uncorrectable ECC in range",
+            (Target(f"sum(increase({uncorrected}[{rng}])) or vector(0)"),),
+            kind="stat",
+            width=4,
+            height=5,
+            red_above=0.5,
+        ),
+        Panel(
+            "GPUs throttled now",
+            (Target(f"count(max by (instance, gpu) ({throttling}) > 0) or vector(0)"),),
+            kind="stat",
+            width=4,
+            height=5,
+            red_above=0.5,
+        ),
+        Panel(
+            "Collectors failing",
+            (Target(f"count({select(N.COLLECTOR_SUCCESS, h)} == 0) or vector(0)"),),
+            kind="stat",
+            width=4,
+            height=5,
+            red_above=0.5,
+        ),
+        Row("Errors"),
+        Panel(
+            "Xid events by code and action",
+            (
+                Target(
+                    f"{xid_by_code}[{ri}]))",
+                    "{{instance}} GPU {{gpu}} Xid {{xid}} ({{action}})",
+                ),
+            ),
+            bars=True,
+            min=0,
+            width=12,
+            description="Xid errors by code and recovery action (reset, reboot and drain page).",
+        ),
+        Panel(
+            "Xid totals",
+            (
+                Target(
+                    f"{xid_by_code}[{rng}])) > 0",
+                    mode="instant",
+                ),
+            ),
+            kind="table",
+            width=12,
+            columns=(("Value", "errors in range"),),
+        ),
+        Panel(
+            "ECC errors",
+            (
+                Target(
+                    f"sum by (instance, gpu, type) (increase({select(N.GPU_ECC_ERRORS, g)}[{ri}]))",
+                    gpu + " {{type}}",
+                ),
+            ),
+            bars=True,
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "Remapped rows",
+            (Target(select(N.GPU_REMAPPED_ROWS, g), gpu + " {{state}}"),),
+            min=0,
+            width=8,
+            description="Pending remaps apply at the next GPU reset; any failure means RMA.",
+        ),
+        Panel(
+            "NVLink and PCIe errors",
+            (
+                Target(
+                    f"sum by (instance, gpu, link, type) (rate({select(N.GPU_NVLINK_ERRORS, g)}[{ri}]))",
+                    gpu + " link {{link}} {{type}}",
+                ),
+                Target(f"rate({select(N.GPU_PCIE_REPLAYS, g)}[{ri}])", gpu + " PCIe replays"),
+            ),
+            unit="short",
+            min=0,
+            width=8,
+            description="Errors per second.",
+        ),
+        Row("Thermals, power, clocks"),
+        Panel(
+            "Throttle reasons active",
+            (Target(f"{select(N.GPU_CLOCK_EVENT_ACTIVE, g)} > 0", gpu + " {{reason}}"),),
+            bars=True,
+            min=0,
+            max=1,
+            width=12,
+        ),
+        Panel(
+            "Temperature",
+            (Target(select(N.GPU_TEMPERATURE, g), gpu + " {{sensor}}"),),
+            unit="celsius",
+            width=12,
+        ),
+        Panel(
+            "Power / limit",
+            (Target(f"{select(N.GPU_POWER, g)} / {select(N.GPU_POWER_LIMIT, g)}", gpu),),
+            unit="percentunit",
+            min=0,
+            width=8,
+        ),
+        Panel("Power", (Target(select(N.GPU_POWER, g), gpu),), unit="watt", min=0, width=8),
+        Panel("SM clock", (Target(select(N.GPU_SM_CLOCK, g), gpu),), unit="hertz", min=0, width=8),
+        Panel(
+            "Utilization and tensor activity",
+            (
+                Target(select(N.GPU_UTILIZATION, g), gpu + " busy"),
+                Target(select(N.GPU_TENSOR_ACTIVE, g), gpu + " tensor"),
+            ),
+            unit="percentunit",
+            min=0,
+            max=1,
+            width=12,
+        ),
+        Panel(
+            "Memory used",
+            (Target(f"{select(N.GPU_MEMORY_USED, g)} / {select(N.GPU_MEMORY_TOTAL, g)}", gpu),),
+            unit="percentunit",
+            min=0,
+            max=1,
+            width=12,
+        ),
+        Row("Storage and agent"),
+        Panel(
+            "Storage probe latency",
+            (
+                Target(select(S.STORAGE_PROBE_WRITE, h), "{{instance}} {{path}} write"),
+                Target(select(S.STORAGE_PROBE_FSYNC, h), "{{instance}} {{path}} fsync"),
+            ),
+            unit="s",
+            min=0,
+            red_above=cfg.storage_probe_slow_seconds,
+            width=8,
+            description="A small write and fsync in each checkpoint directory, per host.",
+        ),
+        Panel(
+            "Storage free",
+            (Target(select(S.STORAGE_FREE, h), "{{instance}} {{path}}"),),
+            unit="bytes",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "Missing checkpoints",
+            (Target(f"{select(S.CHECKPOINT_MISSING, h)} > 0", "{{run}} step {{step}}"),),
+            min=0,
+            width=8,
+            description="Checkpoints the ledger says completed that are gone from disk.",
+        ),
+        Panel("GPU up", (Target(select(N.GPU_UP, g), gpu),), min=0, max=1, width=8),
+        Panel(
+            "Collector success",
+            (Target(select(N.COLLECTOR_SUCCESS, h), "{{instance}} {{collector}}"),),
+            min=0,
+            max=1,
+            width=8,
+        ),
+        Panel(
+            "Collector duration",
+            (Target(select(N.COLLECTOR_DURATION, h), "{{instance}} {{collector}}"),),
+            unit="s",
+            min=0,
+            width=8,
+        ),
+    ]
+    return Dashboard(
+        title="babysitter / Node health",
+        file_name=FILE_NAME,
+        description="GPU health per host and GPU: Xid by code and action, ECC, remapped rows, throttle "
+        "reasons, temperature, power, NVLink and PCIe errors, storage probe and collector health.",
+        variables=node_variables(cfg),
+        items=tuple(items),
+    )

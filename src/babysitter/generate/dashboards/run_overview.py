@@ -1,0 +1,225 @@
+"""Run overview: is the run making progress, how efficiently, and where does the wall time go."""
+
+from __future__ import annotations
+
+from babysitter.catalog import MetricSpec
+from babysitter.catalog import goodput as G
+from babysitter.catalog import train as T
+from babysitter.generate.config import GenerateConfig
+from babysitter.generate.dashboards._builder import Dashboard, Panel, Row, Target
+from babysitter.generate.dashboards._common import rec, run_filter, run_matchers, run_variables
+from babysitter.generate.promql import by, select
+from babysitter.generate.rules import Records
+
+__all__ = ["FILE_NAME", "dashboard"]
+
+FILE_NAME = "babysitter-run-overview.json"
+
+
+def dashboard(cfg: GenerateConfig) -> Dashboard:
+    """The run overview dashboard for ``cfg``."""
+    r = Records(cfg)
+    m, f = run_matchers(cfg), run_filter(cfg)
+    run = by(r.run_key)
+    ri = "$__rate_interval"
+
+    def s(spec: MetricSpec, suffix: str = "") -> str:
+        return select(spec, m, suffix=suffix)
+
+    items: list[Panel | Row] = [
+        Row("Progress and efficiency"),
+        Panel(
+            "MFU",
+            (Target(rec(r.mfu, f), "{{run}}"),),
+            kind="stat",
+            unit="percentunit",
+            width=4,
+            height=5,
+            description="Model FLOP/s of all ranks over their dense peak, over the last "
+            f"{cfg.rate_window} (recording rule {r.mfu}).",
+        ),
+        Panel(
+            "Goodput",
+            (Target(f"max {run} ({s(G.GOODPUT)})", "{{run}}"),),
+            kind="stat",
+            unit="percentunit",
+            width=4,
+            height=5,
+            description="Productive step time over wall time since the run first started (ledger).",
+        ),
+        Panel(
+            "Tokens / s",
+            (Target(rec(r.tokens_rate, f), "{{run}}"),),
+            kind="stat",
+            unit="short",
+            width=4,
+            height=5,
+            description="All ranks together.",
+        ),
+        Panel(
+            "Step time p50",
+            (Target(rec(r.step_quantile(0.5), f), "{{run}}"),),
+            kind="stat",
+            unit="s",
+            width=4,
+            height=5,
+        ),
+        Panel(
+            "Last checkpoint age",
+            (Target(f"time() - max {run} ({s(T.CKPT_LAST_SUCCESS)} > 0)", "{{run}}"),),
+            kind="stat",
+            unit="s",
+            width=4,
+            height=5,
+            description="Seconds since the last successful checkpoint save; a crash loses this much.",
+        ),
+        Panel(
+            "Restarts",
+            (Target(f"max {run} ({s(G.RESTARTS)})", "{{run}}"),),
+            kind="stat",
+            width=4,
+            height=5,
+            red_above=1,
+            description="Incarnations of the run after the first, from the ledger.",
+        ),
+        Panel(
+            "MFU and HFU",
+            (
+                Target(rec(r.mfu, f), "{{run}} MFU"),
+                Target(rec(r.hfu, f), "{{run}} HFU"),
+                Target(f"avg {run} ({s(T.MFU)})", "{{run}} MFU (in-process window, rank mean)"),
+            ),
+            unit="percentunit",
+            min=0,
+            description="MFU from the FLOP counters (any window, all ranks) and "
+            "the tracker's own sliding-window MFU; HFU counts activation recomputation.",
+        ),
+        Panel(
+            "Goodput",
+            (Target(f"max {run} ({s(G.GOODPUT)})", "{{run}}"),),
+            unit="percentunit",
+            min=0,
+            max=1,
+            description="Goodput since the run first started, continued across restarts.",
+        ),
+        Panel(
+            "Where the wall time goes",
+            (
+                Target(f"sum {run} (rate({s(G.PRODUCTIVE_SECONDS)}[{ri}]))", "{{run}} productive"),
+                Target(
+                    f"sum {by((*r.run_key, 'cause'))} (rate({s(G.BADPUT_SECONDS)}[{ri}]))",
+                    "{{run}} {{cause}}",
+                ),
+            ),
+            unit="percentunit",
+            stack=True,
+            width=16,
+            description="Seconds per second of wall time: "
+            "productive time plus badput by cause adds up to 1 (the ledger's accounting).",
+        ),
+        Panel(
+            "Badput by cause (total)",
+            (Target(f"sum by (cause) ({s(G.BADPUT_SECONDS)})", "{{cause}}", mode="instant"),),
+            kind="bargauge",
+            unit="s",
+            width=8,
+            description="Wall time lost since the run first started.",
+        ),
+        Row("Steps"),
+        Panel(
+            "Step time p50 / p90",
+            (
+                Target(rec(r.step_quantile(0.5), f), "{{run}} p50"),
+                Target(rec(r.step_quantile(0.9), f), "{{run}} p90"),
+            ),
+            unit="s",
+            min=0,
+            description="Quantiles over all ranks' steps, from the step-time histogram.",
+        ),
+        Panel(
+            "Step time by rank",
+            (Target(rec(r.rank_step_mean, f), "{{run}} rank {{rank}}"),),
+            unit="s",
+            min=0,
+            description="Mean step time of each rank; the Stragglers dashboard compares them.",
+        ),
+        Panel("Tokens / s", (Target(rec(r.tokens_rate, f), "{{run}}"),), unit="short", min=0, width=8),
+        Panel("Steps / s", (Target(rec(r.steps_rate, f), "{{run}}"),), unit="short", min=0, width=8),
+        Panel(
+            "Data wait",
+            (
+                Target(f"avg {run} (rate({s(T.DATA_WAIT)}[{ri}]))", "{{run}} rank mean"),
+                Target(f"max {run} (rate({s(T.DATA_WAIT)}[{ri}]))", "{{run}} worst rank"),
+            ),
+            unit="percentunit",
+            min=0,
+            width=8,
+            description="Fraction of wall time the training loop waited for the next batch.",
+        ),
+        Panel("Loss", (Target(f"avg {run} ({s(T.LOSS)})", "{{run}}"),), width=12),
+        Panel(
+            "Non-finite losses",
+            (Target(f"sum {run} (increase({s(T.NONFINITE_LOSS)}[{ri}]))", "{{run}}"),),
+            bars=True,
+            width=12,
+            red_above=0.5,
+            description="NaN or infinite loss values read.",
+        ),
+        Row("Checkpoints"),
+        Panel(
+            "Checkpoint save time",
+            (
+                Target(
+                    _mean(run, s(T.CKPT_SAVE_DURATION, "_sum"), s(T.CKPT_SAVE_DURATION, "_count")),
+                    "{{run}} mean save (1h)",
+                ),
+                Target(
+                    _mean(run, s(T.CKPT_LOAD_DURATION, "_sum"), s(T.CKPT_LOAD_DURATION, "_count")),
+                    "{{run}} mean load (1h)",
+                ),
+            ),
+            unit="s",
+            min=0,
+            red_above=cfg.checkpoint_save_slow_seconds,
+            width=8,
+            description="Blocking save time (and load time after restarts), slowest rank.",
+        ),
+        Panel(
+            "Last checkpoint age",
+            (Target(f"time() - max {run} ({s(T.CKPT_LAST_SUCCESS)} > 0)", "{{run}}"),),
+            unit="s",
+            min=0,
+            width=8,
+        ),
+        Panel(
+            "Checkpoint throughput and failures",
+            (
+                Target(f"sum {run} (rate({s(T.CKPT_BYTES)}[{ri}]))", "{{run}} bytes/s written"),
+                Target(f"sum {run} (increase({s(T.CKPT_FAILURES)}[{ri}]))", "{{run}} failed saves"),
+            ),
+            unit="short",
+            min=0,
+            width=8,
+        ),
+        Row("Restarts"),
+        Panel("Restarts", (Target(f"max {run} ({s(G.RESTARTS)})", "{{run}}"),), width=12),
+        Panel(
+            "Time since this incarnation started",
+            (Target(f"time() - max {run} ({s(T.RUN_START_TIMESTAMP)})", "{{run}}"),),
+            unit="s",
+            width=12,
+        ),
+    ]
+    return Dashboard(
+        title="babysitter / Run overview",
+        file_name=FILE_NAME,
+        description="MFU, goodput and badput by cause, step time, tokens/s, checkpoints, data wait, loss and "
+        "restarts of training runs.",
+        variables=run_variables(cfg),
+        items=tuple(items),
+    )
+
+
+def _mean(run: str, total: str, count: str, window: str = "1h") -> str:
+    """Mean of a histogram over ``window``, slowest rank first (saves are rare: a short window is empty)."""
+    return f"max {run} (rate({total}[{window}]) / rate({count}[{window}]))"

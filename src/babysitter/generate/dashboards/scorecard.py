@@ -1,0 +1,147 @@
+"""Cluster scorecard, the "hardware lottery": the same numbers for every cluster (provider), side by side.
+
+Everything is normalized (ratios, per 1000 GPU-hours, bytes per second) so a 64-GPU cluster and a
+4096-GPU cluster compare fairly over the dashboard's time range.
+"""
+
+from __future__ import annotations
+
+from babysitter.catalog import goodput as G
+from babysitter.catalog import node as N
+from babysitter.catalog import train as T
+from babysitter.generate.config import GenerateConfig
+from babysitter.generate.dashboards._builder import Dashboard, Panel, Row, Target, Variable
+from babysitter.generate.dashboards._common import rec, var_matcher
+from babysitter.generate.promql import by, join_matchers, select
+from babysitter.generate.rules import Records
+
+__all__ = ["FILE_NAME", "dashboard"]
+
+FILE_NAME = "babysitter-cluster-scorecard.json"
+
+
+def dashboard(cfg: GenerateConfig) -> Dashboard:
+    """The cluster scorecard for ``cfg``."""
+    r = Records(cfg)
+    c = cfg.cluster_label
+    in_cluster = var_matcher(c, "cluster")
+    tm = join_matchers(cfg.tracker_selector, in_cluster)
+    nm = join_matchers(cfg.node_selector, in_cluster)
+    per = by((c,))
+    rng = "$__range"
+    hours = "$__range_s / 3600"
+    mfu = rec(r.mfu, in_cluster)
+
+    def mfu_quantile(q: float) -> str:
+        # Quantile over runs of each run's median MFU over the range.
+        return f"quantile {per} ({q}, quantile_over_time(0.5, {mfu}[{rng}]))"
+
+    productive = f"sum {per} (increase({select(G.PRODUCTIVE_SECONDS, tm)}[{rng}]))"
+    badput = f"sum {per} (increase({select(G.BADPUT_SECONDS, tm)}[{rng}]))"
+    goodput = f"{productive} / ({productive} + {badput})"
+    rank_hours = f"(avg_over_time({rec(r.cluster_ranks, in_cluster)}[{rng}]) * {hours})"
+    gpu_hours = f"(avg_over_time({rec(r.cluster_gpus, in_cluster)}[{rng}]) * {hours})"
+    interruptions = f"1000 * sum {per} (increase({select(G.RESTARTS, tm)}[{rng}])) / {rank_hours}"
+    xid_rate = (
+        f"1000 * sum {by((c, 'action'))} (increase({select(N.GPU_XID_ERRORS, nm)}[{rng}]))\n"
+        f"/ on ({c}) group_left ()\n{gpu_hours}"
+    )
+    bandwidth = (
+        f"sum {per} (increase({select(T.CKPT_BYTES, tm)}[{rng}]))\n/\n"
+        f"sum {per} (increase({select(T.CKPT_SAVE_DURATION, tm, suffix='_sum')}[{rng}]))"
+    )
+    storage_p99 = (
+        f"quantile {per} (0.99, quantile_over_time(0.99, {rec(r.storage_probe_total, in_cluster)}[{rng}]))"
+    )
+    columns = (
+        ("Value #A", "MFU p50 of runs"),
+        ("Value #B", "MFU p10 of runs"),
+        ("Value #C", "goodput"),
+        ("Value #D", "interruptions / 1000 rank-h"),
+        ("Value #E", "ckpt save B/s per rank"),
+        ("Value #F", "storage probe p99 (s)"),
+        (c, "cluster"),
+    )
+    items: list[Panel | Row] = [
+        Row("Scorecard over the selected time range"),
+        Panel(
+            "Scorecard",
+            (
+                Target(mfu_quantile(0.5), mode="instant"),
+                Target(mfu_quantile(0.1), mode="instant"),
+                Target(goodput, mode="instant"),
+                Target(interruptions, mode="instant"),
+                Target(bandwidth, mode="instant"),
+                Target(storage_p99, mode="instant"),
+            ),
+            kind="table",
+            width=24,
+            height=8,
+            columns=columns,
+            description="One row per cluster. MFU: each run's median over the range, then p50 and p10 over "
+            "runs. Interruptions: restarts per 1000 rank-hours (a rank is about one GPU).",
+        ),
+        Row("Efficiency"),
+        Panel(
+            "MFU distribution over runs",
+            (
+                Target(f"quantile {per} (0.1, {mfu})", "{{" + c + "}} p10"),
+                Target(f"quantile {per} (0.5, {mfu})", "{{" + c + "}} p50"),
+                Target(f"quantile {per} (0.9, {mfu})", "{{" + c + "}} p90"),
+            ),
+            unit="percentunit",
+            min=0,
+            width=12,
+        ),
+        Panel(
+            "Goodput",
+            (Target(goodput, "{{" + c + "}}", mode="instant"),),
+            kind="bargauge",
+            unit="percentunit",
+            min=0,
+            max=1,
+            width=12,
+            description="Productive time over wall time of all runs in the range.",
+        ),
+        Row("Reliability"),
+        Panel(
+            "Interruptions per 1000 rank-hours",
+            (Target(interruptions, "{{" + c + "}}", mode="instant"),),
+            kind="bargauge",
+            width=8,
+        ),
+        Panel(
+            "Xid errors per 1000 GPU-hours, by action",
+            (Target(xid_rate, "{{" + c + "}} {{action}}", mode="instant"),),
+            kind="bargauge",
+            width=16,
+            description="Reset, reboot and drain actions are the ones that stop jobs.",
+        ),
+        Row("Storage"),
+        Panel(
+            "Checkpoint save bandwidth per rank",
+            (Target(bandwidth, "{{" + c + "}}", mode="instant"),),
+            kind="bargauge",
+            unit="Bps",
+            width=12,
+            description="Bytes written by checkpoint saves over their blocking time.",
+        ),
+        Panel(
+            "Storage probe p99 (write + fsync)",
+            (Target(storage_p99, "{{" + c + "}}", mode="instant"),),
+            kind="bargauge",
+            unit="s",
+            width=12,
+        ),
+    ]
+    variables = (Variable("cluster", f"label_values(up, {c})", "Cluster"),)
+    return Dashboard(
+        title="babysitter / Cluster scorecard",
+        file_name=FILE_NAME,
+        description="The hardware lottery, scored: MFU distribution, goodput, interruptions, Xid rate by "
+        "action, checkpoint bandwidth and storage latency per cluster, side by side.",
+        variables=variables,
+        items=tuple(items),
+        time_from="now-7d",
+        refresh="5m",
+    )

@@ -1,0 +1,101 @@
+"""Stragglers: which rank holds the run back, and whether its host is to blame."""
+
+from __future__ import annotations
+
+from babysitter.catalog import train as T
+from babysitter.generate.config import GenerateConfig
+from babysitter.generate.dashboards._builder import Dashboard, Panel, Row, Target
+from babysitter.generate.dashboards._common import rec, run_filter, run_matchers, run_variables
+from babysitter.generate.promql import select
+from babysitter.generate.rules import Records
+
+__all__ = ["FILE_NAME", "dashboard"]
+
+FILE_NAME = "babysitter-stragglers.json"
+
+
+def dashboard(cfg: GenerateConfig) -> Dashboard:
+    """The stragglers dashboard for ``cfg``."""
+    r = Records(cfg)
+    m, f = run_matchers(cfg), run_filter(cfg)
+    rank_key = ", ".join(r.rank_key)
+    ri = "$__rate_interval"
+    # The host of each rank, joined onto rank-level recording rules (which drop instance).
+    # topk keeps one host per rank when a restart moved it (the old series lingers for 5 min).
+    host = f"(0 * topk by ({rank_key}) (1, max by ({rank_key}, instance) ({select(T.STEPS, m)})) + 1)"
+    items: list[Panel | Row] = [
+        Row("Per-rank step time"),
+        Panel(
+            "Step time by rank (heatmap)",
+            (Target(rec(r.rank_step_mean, f), "{{rank}}"),),
+            kind="heatmap",
+            unit="s",
+            width=24,
+            height=10,
+            description=f"Mean step time of each rank over {cfg.rate_window}, one row per rank: a "
+            "straggler is a row that stays hotter than the others.",
+        ),
+        Panel(
+            "Step time / median rank",
+            (Target(rec(r.rank_step_ratio, f), "{{run}} rank {{rank}}"),),
+            unit="short",
+            red_above=cfg.straggler_ratio,
+            width=16,
+            description=f"1 is the median rank; the straggler alert fires above {cfg.straggler_ratio:g} "
+            f"for {cfg.straggler_for}.",
+        ),
+        Panel(
+            "Slowest ranks",
+            (
+                Target(
+                    f"topk(10, {rec(r.rank_step_ratio, f)} * on ({rank_key}) group_left (instance) {host})",
+                    mode="instant",
+                ),
+            ),
+            kind="table",
+            width=8,
+            columns=(("Value", "step time / median"),),
+            description="The ten slowest ranks and the host each runs on.",
+        ),
+        Row("Causes"),
+        Panel(
+            "Data wait by rank",
+            (Target(f"sum by ({rank_key}) (rate({select(T.DATA_WAIT, m)}[{ri}]))", "{{run}} rank {{rank}}"),),
+            unit="percentunit",
+            min=0,
+            width=12,
+            description="A rank starved by its input pipeline makes every other rank wait at the next "
+            "collective.",
+        ),
+        Panel(
+            "In-process MFU by rank",
+            (Target(f"max by ({rank_key}) ({select(T.MFU, m)})", "{{run}} rank {{rank}}"),),
+            unit="percentunit",
+            min=0,
+            width=12,
+            description="The tracker's windowed MFU per rank; a rank on a throttled GPU sits lower.",
+        ),
+        Panel(
+            "Step time distribution (all ranks)",
+            (
+                Target(
+                    f"sum by (le) (rate({select(T.STEP_DURATION, m, suffix='_bucket')}[{ri}]))",
+                    "{{le}}",
+                    mode="heatmap",
+                ),
+            ),
+            kind="heatmap",
+            unit="s",
+            width=24,
+            height=9,
+            description="Histogram of step times; a second band means some steps (ranks) are slow.",
+        ),
+    ]
+    return Dashboard(
+        title="babysitter / Stragglers",
+        file_name=FILE_NAME,
+        description="Per-rank step time as a heatmap and as a ratio to the median rank, with the hosts "
+        "of the slowest ranks and the usual causes.",
+        variables=run_variables(cfg),
+        items=tuple(items),
+    )

@@ -1,0 +1,83 @@
+"""Small PromQL builders: selectors from catalog entries, ``by`` clauses, recording rule names.
+
+Expressions stay plain strings (PromQL is the interface Grafana and Prometheus share); these helpers
+only remove the error-prone parts: metric names (always from the catalog), matcher quoting, and the
+``level:metric:operations`` naming of recording rules.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+
+from babysitter.catalog import MetricSpec
+
+__all__ = [
+    "by",
+    "eq",
+    "join_matchers",
+    "new_or_increased",
+    "record_name",
+    "regex",
+    "select",
+]
+
+_RECORD = re.compile(r"^[a-z_]+:[a-z_][a-z0-9_]*:[a-z0-9_]+$")
+_SUFFIXES = {"", "_bucket", "_sum", "_count"}
+
+
+def _quote(value: str) -> str:
+    return json.dumps(value)
+
+
+def eq(label: str, value: str) -> str:
+    """``label="value"`` with the value escaped."""
+    return f"{label}={_quote(value)}"
+
+
+def regex(label: str, values: Iterable[str], *, negate: bool = False) -> str:
+    """``label=~"a|b"`` (or ``!~``) matching exactly the given literal values."""
+    alternatives = "|".join(re.escape(value) for value in values)
+    return f"{label}{'!~' if negate else '=~'}{_quote(alternatives)}"
+
+
+def join_matchers(*parts: str) -> str:
+    """Comma-joined non-empty matcher strings (each may itself hold several matchers)."""
+    return ", ".join(part.strip() for part in parts if part and part.strip())
+
+
+def select(spec: MetricSpec, *matchers: str, suffix: str = "") -> str:
+    """A series selector for a catalog entry; ``suffix`` picks a histogram's ``_bucket/_sum/_count``."""
+    if suffix not in _SUFFIXES:
+        raise ValueError(f"unknown series suffix {suffix!r}")
+    if suffix and spec.kind != "histogram":
+        raise ValueError(f"{spec.name} is a {spec.kind}, it has no {suffix} series")
+    inner = join_matchers(*matchers)
+    name = spec.name + suffix
+    return f"{name}{{{inner}}}" if inner else name
+
+
+def by(labels: Sequence[str]) -> str:
+    """``by (a, b)`` for an aggregation."""
+    return f"by ({', '.join(labels)})"
+
+
+def record_name(level: Sequence[str], metric: str, operation: str) -> str:
+    """A recording rule name ``level:metric:operations`` (kubernetes-mixin convention).
+
+    ``level`` lists the labels the result keeps besides the cluster label, which every rule keeps.
+    """
+    name = f"{'_'.join(level)}:{metric}:{operation}"
+    if not _RECORD.match(name):
+        raise ValueError(f"bad recording rule name {name!r}")
+    return name
+
+
+def new_or_increased(selector: str, window: str) -> str:
+    """Series whose counter grew within ``window``, or that appeared within it already above zero.
+
+    ``increase()`` needs two samples, so a counter created at 1 (the first Xid of a GPU) would never
+    show an increase; the second branch catches it.
+    """
+    return f"(increase({selector}[{window}]) > 0 or ({selector} > 0 unless {selector} offset {window}))"

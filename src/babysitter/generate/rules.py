@@ -1,0 +1,209 @@
+"""Recording rules: the aggregates the alerts and dashboards share, named ``level:metric:operations``.
+
+Every rule keeps the cluster label plus its level's labels, so one Prometheus (or Thanos/Mimir) can
+hold many clusters and the scorecard compares them side by side. Windows come from the config, and
+rule names carry their window, so the default and the fast profile never mix series.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from babysitter.catalog import goodput as G
+from babysitter.catalog import node as N
+from babysitter.catalog import storage as S
+from babysitter.catalog import train as T
+from babysitter.generate.config import GenerateConfig
+from babysitter.generate.promql import by, record_name, select
+
+__all__ = ["Records", "recording_groups", "recording_rules"]
+
+
+@dataclass(frozen=True)
+class Records:
+    """Names of the recording rules for one config, plus the label sets they keep."""
+
+    cfg: GenerateConfig
+
+    @property
+    def run_key(self) -> tuple[str, ...]:
+        """Labels of one run."""
+        return (self.cfg.cluster_label, "run")
+
+    @property
+    def rank_key(self) -> tuple[str, ...]:
+        """Labels of one rank of a run."""
+        return (self.cfg.cluster_label, "run", "rank")
+
+    @property
+    def gpu_key(self) -> tuple[str, ...]:
+        """Labels of one GPU (``instance`` is the host's agent target)."""
+        return (self.cfg.cluster_label, "instance", *N.GPU_LABELS)
+
+    @property
+    def steps_rate(self) -> str:
+        """Steps per second of a run (max over ranks: every rank does every step)."""
+        return record_name(["run"], "train_steps", f"rate{self.cfg.rate_window}")
+
+    @property
+    def tokens_rate(self) -> str:
+        """Tokens per second of a run, all ranks together."""
+        return record_name(["run"], "train_tokens", f"rate{self.cfg.rate_window}")
+
+    @property
+    def mfu(self) -> str:
+        """MFU of a run from the counters: model FLOP/s of all ranks over their summed dense peak."""
+        return record_name(["run"], T.MFU.name, f"rate{self.cfg.rate_window}")
+
+    @property
+    def hfu(self) -> str:
+        """HFU of a run (counts recomputation)."""
+        return record_name(["run"], T.HFU.name, f"rate{self.cfg.rate_window}")
+
+    @property
+    def rank_step_mean(self) -> str:
+        """Mean step time of each rank."""
+        return record_name(["run", "rank"], T.STEP_DURATION.name, f"mean{self.cfg.rate_window}")
+
+    @property
+    def rank_step_ratio(self) -> str:
+        """Each rank's mean step time over the run's median rank (1 = typical, 1.5 = straggling)."""
+        return record_name(["run", "rank"], T.STEP_DURATION.name, f"ratio_to_median{self.cfg.rate_window}")
+
+    def step_quantile(self, q: float) -> str:
+        """Step time quantile of a run over all ranks."""
+        return record_name(["run"], T.STEP_DURATION.name, f"p{round(q * 100)}_{self.cfg.rate_window}")
+
+    @property
+    def step_baseline(self) -> str:
+        """Mean step time of a run over the stall baseline window (the stall threshold's unit)."""
+        return record_name(["run"], T.STEP_DURATION.name, f"mean{self.cfg.stall_baseline_window}")
+
+    @property
+    def productive_window(self) -> str:
+        """Productive seconds of a run in the goodput window."""
+        return record_name(["run"], G.PRODUCTIVE_SECONDS.base_name, f"increase{self.cfg.goodput_window}")
+
+    @property
+    def badput_window(self) -> str:
+        """Badput seconds (all causes) of a run in the goodput window."""
+        return record_name(["run"], G.BADPUT_SECONDS.base_name, f"increase{self.cfg.goodput_window}")
+
+    @property
+    def goodput_window(self) -> str:
+        """Goodput of a run over the goodput window: productive / (productive + badput)."""
+        return record_name(["run"], G.GOODPUT.name, f"ratio{self.cfg.goodput_window}")
+
+    @property
+    def checkpoint_interval(self) -> str:
+        """Observed mean interval between successful checkpoint saves of a run."""
+        return record_name(
+            ["run"], T.CKPT_LAST_SUCCESS.name, f"mean_interval{self.cfg.checkpoint_interval_window}"
+        )
+
+    @property
+    def cluster_ranks(self) -> str:
+        """Training processes (ranks, about one GPU each) reporting per cluster."""
+        return record_name(["cluster"], T.STEPS.base_name, "count")
+
+    @property
+    def cluster_gpus(self) -> str:
+        """GPUs reporting per cluster."""
+        return record_name(["cluster"], N.GPU_UP.name, "count")
+
+    @property
+    def storage_probe_total(self) -> str:
+        """Write + fsync time of the last storage probe, per host and path."""
+        return record_name(["instance", "path"], S.STORAGE_PROBE_WRITE.name, "plus_fsync")
+
+
+def _rule(record: str, expr: str) -> dict[str, object]:
+    return {"record": record, "expr": expr}
+
+
+def _training_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
+    ts, w = cfg.tracker_selector, cfg.rate_window
+    run, rank = by(r.run_key), by(r.rank_key)
+    step_sum = select(T.STEP_DURATION, ts, suffix="_sum")
+    step_count = select(T.STEP_DURATION, ts, suffix="_count")
+    step_bucket = select(T.STEP_DURATION, ts, suffix="_bucket")
+    peak = select(T.PEAK_FLOPS, ts)
+    bw = cfg.stall_baseline_window
+    rules = [
+        _rule(r.steps_rate, f"max {run} (rate({select(T.STEPS, ts)}[{w}]))"),
+        _rule(r.tokens_rate, f"sum {run} (rate({select(T.TOKENS, ts)}[{w}]))"),
+        # Only ranks that know their peak count on either side, so an unknown device never inflates MFU.
+        _rule(
+            r.mfu,
+            f"sum {run} (rate({select(T.MODEL_FLOPS, ts)}[{w}]) and {peak})\n/\nsum {run} ({peak})",
+        ),
+        _rule(
+            r.hfu,
+            f"sum {run} (rate({select(T.HARDWARE_FLOPS, ts)}[{w}]) and {peak})\n/\nsum {run} ({peak})",
+        ),
+        _rule(
+            r.rank_step_mean, f"sum {rank} (rate({step_sum}[{w}]))\n/\nsum {rank} (rate({step_count}[{w}]))"
+        ),
+        _rule(
+            r.rank_step_ratio,
+            f"{r.rank_step_mean}\n/ on ({', '.join(r.run_key)}) group_left ()\n"
+            f"quantile {run} (0.5, {r.rank_step_mean})",
+        ),
+        *(
+            _rule(
+                r.step_quantile(q),
+                f"histogram_quantile({q}, sum by ({', '.join(r.run_key)}, le) (rate({step_bucket}[{w}])))",
+            )
+            for q in (0.5, 0.9)
+        ),
+        _rule(
+            r.step_baseline, f"sum {run} (rate({step_sum}[{bw}]))\n/\nsum {run} (rate({step_count}[{bw}]))"
+        ),
+    ]
+    gw = cfg.goodput_window
+    rules += [
+        _rule(r.productive_window, f"sum {run} (increase({select(G.PRODUCTIVE_SECONDS, ts)}[{gw}]))"),
+        _rule(r.badput_window, f"sum {run} (increase({select(G.BADPUT_SECONDS, ts)}[{gw}]))"),
+        _rule(r.goodput_window, f"{r.productive_window}\n/\n({r.productive_window} + {r.badput_window})"),
+    ]
+    cw = cfg.checkpoint_interval_window
+    last = select(T.CKPT_LAST_SUCCESS, ts)
+    # Span of the save timestamps seen in the window over the number of saves in it; a window without a
+    # save yields no sample (0/0 is NaN and fails the > 0 filter), so the alert falls back to its maximum.
+    rules.append(
+        _rule(
+            r.checkpoint_interval,
+            f"max {run} (\n  (max_over_time({last}[{cw}]) - min_over_time({last}[{cw}]))\n"
+            f"  / changes({last}[{cw}])\n  > 0\n)",
+        )
+    )
+    rules.append(_rule(r.cluster_ranks, f"count by ({cfg.cluster_label}) ({select(T.STEPS, ts)})"))
+    return rules
+
+
+def _node_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
+    ns = cfg.node_selector
+    return [
+        _rule(r.cluster_gpus, f"count by ({cfg.cluster_label}) ({select(N.GPU_UP, ns)})"),
+        _rule(
+            r.storage_probe_total,
+            f"{select(S.STORAGE_PROBE_WRITE, ns)}\n+ {select(S.STORAGE_PROBE_FSYNC, ns)}",
+        ),
+    ]
+
+
+def recording_groups(cfg: GenerateConfig) -> list[dict[str, object]]:
+    """The ``groups`` of the recording rule file."""
+    r = Records(cfg)
+    return [
+        {"name": "babysitter-training.rules", "rules": _training_rules(cfg, r)},
+        {"name": "babysitter-node.rules", "rules": _node_rules(cfg, r)},
+    ]
+
+
+def recording_rules(cfg: GenerateConfig) -> list[tuple[str, str]]:
+    """``(record, expr)`` of every recording rule, in file order."""
+    r = Records(cfg)
+    return [
+        (str(rule["record"]), str(rule["expr"])) for rule in (*_training_rules(cfg, r), *_node_rules(cfg, r))
+    ]
