@@ -24,6 +24,7 @@ import ctypes
 import itertools
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -356,6 +357,7 @@ class FakeGpu:
     gpm_supported: bool = True
     tensor_active_pct: float = 0.0
     lost: bool = False
+    delay_seconds: float = 0.0  # every call on this GPU blocks this long first (a GPU that hangs NVML)
     unsupported: set[str] = field(default_factory=set)  # NVML function names that raise NotSupported
     errors: dict[str, int] = field(default_factory=dict)  # NVML function name -> error code to raise
 
@@ -442,6 +444,8 @@ class FakeNvml:
             gpu = self.gpus[index]
         except (AttributeError, ValueError, IndexError, TypeError):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT) from None
+        if gpu.delay_seconds > 0:
+            time.sleep(gpu.delay_seconds)
         if gpu.lost:
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         if fn in gpu.errors:

@@ -1,0 +1,239 @@
+"""The node agent: runs its collectors at each scrape, reports each one's health, serves /metrics.
+
+Every collector runs on its own worker thread with a deadline (``collector_timeout``): an exception or
+a hang (an NVML call on a GPU that fell off the bus can block for many seconds) marks only that
+collector failed, in ``babysitter_collector_success{collector}`` and
+``babysitter_collector_duration_seconds{collector}``, with one log line per distinct error; a hung
+collector is not started again until its previous run returns. The scrape itself always succeeds.
+
+Families of the same exposed name from several sources (the ranks of a job, the agent's own build
+info next to a tracker's) are merged into one family, and exact duplicate series are dropped, so the
+exposition stays valid for Prometheus.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import Metric
+
+from babysitter import __version__
+from babysitter.catalog import node as N
+from babysitter.catalog import selfmon as S
+from babysitter.node.collector import Collector
+
+__all__ = ["Agent", "Server", "merge_families"]
+
+log = logging.getLogger(__name__)
+
+
+class _Runner:
+    """One collector, run on its own thread with a deadline; never more than one run in flight."""
+
+    def __init__(self, collector: Collector, timeout: float) -> None:
+        self.collector = collector
+        self.name = str(collector.name)
+        self._timeout = timeout
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"bs-{self.name}"
+        )
+        self._future: concurrent.futures.Future[list[Metric]] | None = None
+        self._started = 0.0
+        self._last_error = ""
+
+    def run(self) -> tuple[list[Metric], bool, float]:
+        """(families, success, seconds) of one collection."""
+        if self._future is not None and not self._future.done():
+            self._fail(f"previous run still in progress after {time.perf_counter() - self._started:.1f} s")
+            return [], False, 0.0
+        self._started = time.perf_counter()
+        self._future = self._pool.submit(lambda: list(self.collector.collect()))
+        try:
+            families = self._future.result(timeout=self._timeout)
+        except concurrent.futures.TimeoutError:
+            self._fail(f"timed out after {self._timeout:g} s")
+            return [], False, time.perf_counter() - self._started
+        except Exception as exc:
+            self._fail(f"{type(exc).__name__}: {exc}")
+            return [], False, time.perf_counter() - self._started
+        seconds = time.perf_counter() - self._started
+        if self._last_error:
+            log.info("babysitter: collector %s works again", self.name)
+            self._last_error = ""
+        return families, True, seconds
+
+    def _fail(self, error: str) -> None:
+        if error != self._last_error:
+            log.warning("babysitter: collector %s failed: %s", self.name, error)
+            self._last_error = error
+
+    def close(self) -> None:
+        try:
+            self.collector.close()
+        except Exception as exc:
+            log.warning("babysitter: closing collector %s failed: %s", self.name, exc)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Agent:
+    """The collector registry of one host; a prometheus_client collector itself (``collect()``)."""
+
+    def __init__(
+        self,
+        collectors: Sequence[Collector],
+        *,
+        backend: str = "none",
+        driver_version: str = "",
+        collector_timeout: float = 10.0,
+    ) -> None:
+        names = [str(c.name) for c in collectors]
+        if len(set(names)) != len(names):
+            raise ValueError(f"collector names must be unique, got {names}")
+        if collector_timeout <= 0:
+            raise ValueError(f"collector timeout must be positive, got {collector_timeout}")
+        self._runners = [_Runner(c, collector_timeout) for c in collectors]
+        self.backend = backend
+        self.driver_version = driver_version
+        self._scrape_lock = threading.Lock()
+
+    @property
+    def collector_names(self) -> list[str]:
+        """Names of the enabled collectors, in run order."""
+        return [r.name for r in self._runners]
+
+    def collect(self) -> Iterator[Metric]:
+        """One scrape: every collector's families, their health, build and backend info."""
+        with self._scrape_lock:
+            families: list[Metric] = []
+            success = N.COLLECTOR_SUCCESS.family()
+            duration = N.COLLECTOR_DURATION.family()
+            for runner in self._runners:
+                got, ok, seconds = runner.run()
+                families.extend(got)
+                success.add_metric([runner.name], 1.0 if ok else 0.0)  # type: ignore[attr-defined]
+                duration.add_metric([runner.name], seconds)  # type: ignore[attr-defined]
+            build = S.BUILD_INFO.family()
+            build.add_metric([], {"version": __version__, "python": sys.version.split()[0]})  # type: ignore[attr-defined]
+            info = N.NODE_INFO.family()
+            info.add_metric([], {"backend": self.backend, "driver_version": self.driver_version})  # type: ignore[attr-defined]
+            families.extend([success, duration, build, info])
+        yield from merge_families(families)
+
+    def registry(self) -> CollectorRegistry:
+        """A fresh registry holding only this agent (what the HTTP server renders)."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)
+        return registry
+
+    def render(self) -> bytes:
+        """The /metrics body, as the server sends it."""
+        return bytes(generate_latest(self.registry()))
+
+    def close(self) -> None:
+        """Close every collector (threads, NVML handles, files)."""
+        for runner in self._runners:
+            runner.close()
+
+
+def _exposed(family: Metric) -> tuple[str, str]:
+    """(name as exposed, type as exposed): info families render as ``<name>_info`` gauges."""
+    if family.type == "info":
+        return f"{family.name}_info", "gauge"
+    return family.name, family.type
+
+
+def merge_families(families: Iterable[Metric]) -> list[Metric]:
+    """One family per exposed name, first-seen help and type; duplicate series and type clashes dropped."""
+    merged: dict[str, Metric] = {}
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    for family in families:
+        name, kind = _exposed(family)
+        target = merged.get(name)
+        if target is None:
+            target = Metric(name if family.type == "info" else family.name, family.documentation, kind)
+            target.unit = family.unit
+            merged[name] = target
+        elif target.type != kind:
+            _log_once(
+                ("type", name),
+                "babysitter: dropping family %s of type %s (already %s)",
+                name,
+                kind,
+                target.type,
+            )
+            continue
+        for sample in family.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            if key in seen:
+                _log_once(("dup", sample.name), "babysitter: dropping duplicate series of %s", sample.name)
+                continue
+            seen.add(key)
+            target.samples.append(sample)
+    return list(merged.values())
+
+
+_logged: set[tuple[str, str]] = set()
+
+
+def _log_once(key: tuple[str, str], msg: str, *args: Any) -> None:
+    if key not in _logged and len(_logged) < 1000:
+        _logged.add(key)
+        log.warning(msg, *args)
+
+
+@dataclass
+class Server:
+    """The agent's HTTP endpoint (prometheus_client's threaded server)."""
+
+    host: str
+    port: int
+    tls: bool
+    _server: Any
+    _thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        """The URL to scrape, with a loopback host when bound to all addresses."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}/metrics"
+
+    @property
+    def address(self) -> str:
+        """``host:port`` as bound (IPv6 hosts in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @classmethod
+    def start(
+        cls,
+        agent: Agent,
+        host: str,
+        port: int,
+        *,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+    ) -> Server:
+        """Bind ``host:port`` (port 0: ephemeral) and serve; OSError when the address is unusable."""
+        kwargs: dict[str, Any] = {}
+        if certfile is not None:
+            kwargs = {"certfile": certfile, "keyfile": keyfile}
+        server, thread = start_http_server(port, addr=host, registry=agent.registry(), **kwargs)
+        return cls(host, int(server.server_port), certfile is not None, server, thread)
+
+    def stop(self) -> None:
+        """Stop serving and release the port."""
+        with contextlib.suppress(Exception):
+            self._server.shutdown()
+        with contextlib.suppress(Exception):
+            self._server.server_close()
