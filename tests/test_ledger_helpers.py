@@ -1,0 +1,112 @@
+"""Builders for hand-written ledgers: times are seconds after T0, written as integer microseconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from babysitter.ledger.accounting import Accountant, Accounting
+from babysitter.ledger.records import (
+    Alive,
+    CheckpointBegin,
+    CheckpointEnd,
+    End,
+    Hang,
+    PhaseBegin,
+    PhaseEnd,
+    Progress,
+    Record,
+    Start,
+    encode,
+)
+from babysitter.ledger.timeline import Timeline
+
+__all__ = ["T0", "US", "Book", "s"]
+
+T0 = 1_700_000_000
+US = 1_000_000
+
+
+def s(x: float) -> int:
+    """Seconds after T0 as integer microseconds."""
+    return (T0 * US) + round(x * US)
+
+
+class Book:
+    """A ledger written by hand, record by record."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self._n = 0
+
+    def start(self, t: float, *, pst: float | None = None) -> Book:
+        self._n += 1
+        self.records.append(
+            Start(t=s(t), pst=s(t if pst is None else pst), id=f"i{self._n}", host="h", pid=self._n, run="r")
+        )
+        return self
+
+    def steps(self, first: int, ends: list[float], *, data_wait: float = 0.0) -> Book:
+        self.records.append(
+            Progress(
+                t=s(ends[-1]),
+                steps=tuple(range(first, first + len(ends))),
+                ends=tuple(s(e) for e in ends),
+                data_wait=round(data_wait * US),
+                model_flops=1e15,
+                peak_flops=1e15,
+            )
+        )
+        return self
+
+    def save(self, t0: float, t1: float | None, step: int, *, ok: bool = True) -> Book:
+        self.records.append(CheckpointBegin(t=s(t0), op="save", step=step, path=f"/ck/{step}"))
+        if t1 is not None:
+            self.records.append(
+                CheckpointEnd(t=s(t1), op="save", step=step, ok=ok, nbytes=100, path=f"/ck/{step}")
+            )
+        return self
+
+    def load(self, t0: float, t1: float, step: int, *, ok: bool = True) -> Book:
+        self.records.append(CheckpointBegin(t=s(t0), op="load", step=step, path=None))
+        self.records.append(CheckpointEnd(t=s(t1), op="load", step=step, ok=ok, nbytes=None, path=None))
+        return self
+
+    def phase(self, name: str, t0: float, t1: float) -> Book:
+        self.records += [PhaseBegin(t=s(t0), name=name), PhaseEnd(t=s(t1), name=name)]
+        return self
+
+    def hang(self, t: float, step: int, since: float) -> Book:
+        self.records.append(Hang(t=s(t), step=step, since=round(since * US)))
+        return self
+
+    def alive(self, t: float) -> Book:
+        self.records.append(Alive(t=s(t)))
+        return self
+
+    def end(self, t: float, *, clean: bool = True) -> Book:
+        self.records.append(End(t=s(t), clean=clean))
+        return self
+
+    def timeline(self) -> Timeline:
+        tl = Timeline()
+        tl.extend(self.records)
+        return tl
+
+    def account(self, *, now: float | None = None, live: bool = False, tail: str = "other") -> Accounting:
+        return Accountant(self.timeline()).totals(now=None if now is None else T0 + now, live=live, tail=tail)
+
+    def write(self, path: Path) -> Path:
+        path.write_bytes(b"".join(encode(r) for r in self.records))
+        return path
+
+
+def nonzero(acc: Accounting) -> dict[str, float]:
+    """Badput causes with time, in seconds, plus productive: the shape known answers are written in."""
+    out = {cause: us / US for cause, us in acc.badput_us.items() if us}
+    out["productive"] = acc.productive_us / US
+    return out
+
+
+def ramp(first_end: float, n: int, step: float = 1.0) -> list[float]:
+    """``n`` boundary times, ``step`` apart, starting at ``first_end``."""
+    return [first_end + i * step for i in range(n)]
