@@ -42,6 +42,11 @@ def append(path: Path, text: str) -> None:
         fh.write(text)
 
 
+def wait_live(collector: XidCollector) -> None:
+    """Wait until the kernel log reader has read the history present at start (later lines are new)."""
+    wait_for(lambda: collector.follower is not None and collector.follower.live)
+
+
 def total(collector: XidCollector, **labels: str) -> float:
     return sum(scrape(collector).find(XID, **labels))
 
@@ -119,7 +124,8 @@ class TestKernelLog:
         append(kernel_log, "[ 5.0] NVRM: GPU at PCI:0000:77:00: GPU-77777777-0000-4000-8000-000000000077\n")
         append(kernel_log, xid_line("0000:77:00", 48))  # before the agent started: not new
         c = make(gpus=list, kmsg_path=str(kernel_log))
-        wait_for(lambda: c.follower is not None and c.follower.records == 3)
+        wait_live(c)
+        assert c.follower.records == 3
         assert total(c) == 0
         append(kernel_log, xid_line("0000:77:00", 48))
         wait_for(lambda: total(c) == 1)
@@ -130,14 +136,14 @@ class TestKernelLog:
 
     def test_known_bus_gets_the_gpus_labels(self, lib: FakeNvml, kernel_log: Path, make) -> None:
         c = make(gpus=lambda: identities(lib), kmsg_path=str(kernel_log))
-        wait_for(lambda: c.source_status().get("kmsg") == (True, ""))
+        wait_live(c)
         append(kernel_log, xid_line(kernel_bus(lib, 0), 31))
         wait_for(lambda: total(c) == 1)
         assert scrape(c).value(XID, gpu="0", uuid=lib.gpus[0].uuid, model=lib.gpus[0].name, xid="31") == 1
 
     def test_partial_line_waits_for_its_end(self, kernel_log: Path, make) -> None:
         c = make(gpus=list, kmsg_path=str(kernel_log))
-        wait_for(lambda: c.source_status().get("kmsg") == (True, ""))
+        wait_live(c)
         initial = c.follower.records
         append(kernel_log, "[ 9.0] NVRM: Xid (PCI:0000:9b:00): 7")
         wait_for(lambda: c.follower.offset == kernel_log.stat().st_size)  # read: a line without its end
@@ -149,7 +155,7 @@ class TestKernelLog:
 
     def test_rotation_reopens_and_counts_the_new_file(self, kernel_log: Path, make) -> None:
         c = make(gpus=list, kmsg_path=str(kernel_log))
-        wait_for(lambda: c.source_status().get("kmsg") == (True, ""))
+        wait_live(c)
         rotated = kernel_log.with_suffix(".1")
         kernel_log.rename(rotated)
         kernel_log.write_text(xid_line("0000:9b:00", 13))
@@ -186,6 +192,7 @@ class TestCountedOnce:
     def test_same_event_through_both_sources_counts_once(self, lib: FakeNvml, kernel_log: Path, make) -> None:
         c = make(gpus=lambda: identities(lib), kmsg_path=str(kernel_log), nvml=lib)
         wait_for(lambda: c.source_status() == {"kmsg": (True, ""), "nvml": (True, "")})
+        wait_live(c)
         bus = kernel_bus(lib, 0)
         lib.inject_event(0, XID_EVENT, 48)
         append(kernel_log, xid_line(bus, 48))
@@ -291,8 +298,8 @@ def test_real_dev_kmsg_forged_userspace_record_not_counted(make) -> None:
     except OSError as exc:
         pytest.skip(f"/dev/kmsg not readable and writable here: {exc}")
     c = make(gpus=list, kmsg_path="/dev/kmsg")
-    wait_for(lambda: c.source_status().get("kmsg") == (True, ""))
-    wait_for(lambda: c.follower.records > 0)  # the boot backlog
+    wait_live(c)  # the boot backlog is read
+    assert c.follower.records > 0
     before_forged = c.follower.parser.forged
     with open("/dev/kmsg", "w") as kmsg:
         kmsg.write("babysitter test: NVRM: Xid (PCI:0000:99:00): 79, forged by tests/test_node_xid.py\n")

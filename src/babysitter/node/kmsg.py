@@ -201,6 +201,7 @@ class KernelLogFollower:
         self.parser = KernelLogParser()
         self.records = 0  # lines or records read, history included
         self.offset = 0  # bytes read from the current file (plain files only)
+        self.live = False  # True once the history present at open has been read
         self._on_event = on_event
         self._on_status = on_status
         self._poll = poll_seconds
@@ -237,7 +238,7 @@ class KernelLogFollower:
                 try:
                     chunk = os.read(fd, _READ_SIZE)
                 except BlockingIOError:
-                    live = True  # the backlog is drained: from here on, records are new
+                    live = self.live = True  # the backlog is drained: from here on, records are new
                     poller.poll(int(self._poll * 1000))
                     continue
                 except OSError as exc:
@@ -269,7 +270,7 @@ class KernelLogFollower:
                     tail = (tail + chunk)[-_FINGERPRINT:]
                     pending = self._feed_partial(pending + chunk, live)
                     continue
-                live = True  # read up to the end once: everything after is new
+                live = self.live = True  # read up to the end once: everything after is new
                 if stop.wait(self._poll):
                     return
                 try:
