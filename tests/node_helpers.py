@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["Scrape", "parse_exposition", "scrape", "wait_for"]
+__all__ = ["Scrape", "parse_exposition", "read_port_file", "scrape", "wait_for"]
 
 
 class Scrape:
