@@ -116,17 +116,31 @@ def _gpu_labels(**extra: str) -> dict[str, str]:
     return {**{key: _GPU[key] for key in keep}, **extra}
 
 
+def _stepping(labels: Labels, values: str) -> tuple[tuple[str, str], ...]:
+    """A rank whose last-step time and 1 s steps follow ``values`` (seconds since the test began)."""
+    return (
+        (_series(T.LAST_STEP_TIMESTAMP, labels), values),
+        (_series(T.STEP_DURATION, labels, "_sum"), values),
+        (_series(T.STEP_DURATION, labels, "_count"), values),
+    )
+
+
 def _training(cfg: GenerateConfig, r: Records) -> list[Alert]:
     ts, c = cfg.tracker_selector, cfg.cluster_label
     run, on_run = by(r.run_key), f"on ({', '.join(r.run_key)})"
-    last = select(T.LAST_STEP_TIMESTAMP, ts)
     stall_min = cfg.stall_min_seconds
+    remembered = f"max_over_time({r.last_step}[{cfg.stall_lookback_window}])"
+    not_answering = f"max {run} ({select(N.TRAINER_SCRAPE_SUCCESS, cfg.node_selector)} == 0)"
     stalled = Alert(
         name="TrainingStalled",
+        # The age of the run's last step, remembered after its series vanish, over the threshold; only
+        # for runs still exporting (hung but answering) or still registered but not answering the node
+        # agent (stopped, hard hang). A run that finished unregistered itself and matches neither.
         expr=(
-            f"time() - max {run} ({last})\n> {on_run}\n"
-            f"(\n  ({cfg.stall_step_factor:g} * {r.step_baseline} > {stall_min})\n  or {on_run}\n"
-            f"  (0 * max {run} ({last}) + {stall_min})\n)"
+            f"(\n  time() - {remembered}\n  > {on_run}\n"
+            f"  (\n    ({cfg.stall_step_factor:g} * {r.step_baseline} > {stall_min})\n    or {on_run}\n"
+            f"    (0 * {remembered} + {stall_min})\n  )\n)\n"
+            f"and {on_run}\n({r.last_step} or {on_run} {not_answering})"
         ),
         severity="critical",
         component="training",
@@ -139,22 +153,60 @@ def _training(cfg: GenerateConfig, r: Records) -> list[Alert]:
         for_=cfg.stall_for,
         test=AlertTest(
             series=(
-                (_series(T.LAST_STEP_TIMESTAMP, _TRAIN), "0+60x20 1200+0x40"),
-                (_series(T.STEP_DURATION, _TRAIN, "_sum"), "0+60x20 1200+0x40"),
-                (_series(T.STEP_DURATION, _TRAIN, "_count"), "0+60x20 1200+0x40"),
-                (_series(T.LAST_STEP_TIMESTAMP, _with(_TRAIN, run="r2")), "0+60x60"),
-                (_series(T.STEP_DURATION, _with(_TRAIN, run="r2"), "_sum"), "0+60x60"),
-                (_series(T.STEP_DURATION, _with(_TRAIN, run="r2"), "_count"), "0+60x60"),
+                # r1 hangs but its endpoint still answers; r2 keeps stepping.
+                *_stepping(_TRAIN, "0+60x20 1200+0x40"),
+                *_stepping(_with(_TRAIN, run="r2"), "0+60x60"),
+                # r3 is stopped (SIGSTOP): its series vanish, the node agent's fetch of it fails.
+                *_stepping(_with(_TRAIN, run="r3"), "0+60x20"),
+                (_series(N.TRAINER_SCRAPE_SUCCESS, _with(_TRAIN, run="r3")), "1+0x20 0+0x40"),
+                # r4 finished cleanly: series and registration gone.
+                *_stepping(_with(_TRAIN, run="r4"), "0+60x20"),
+                (_series(N.TRAINER_SCRAPE_SUCCESS, _with(_TRAIN, run="r4")), "1+0x20"),
             ),
             quiet=(("25m", "5 min without a step is below the 10 min minimum"), ("31m", "before for:")),
             fire_at="32m",
-            fire_labels=(_run_labels(),),
-            fire_text=(
+            fire_labels=(_run_labels(), _run_labels("r3")),
+            fire_text=tuple(
                 (
-                    "Run r1 has not finished a step for 12m 0s.",
-                    "No rank of run r1 on cluster c1 finished a training step for 12m 0s; the stall "
+                    f"Run {run_name} has not finished a step for 12m 0s.",
+                    f"No rank of run {run_name} on cluster c1 finished a training step for 12m 0s; the stall "
                     "threshold is max(600s, 10 x the run's mean step time over 1h). The job hangs "
                     "(collective, data loader, storage) or is stopped.",
+                )
+                for run_name in ("r1", "r3")
+            ),
+        ),
+    )
+    dropped = select(N.TRAINER_REGISTRATIONS_DROPPED, cfg.node_selector)
+    exited = Alert(
+        name="TrainingProcessExited",
+        expr=f"sum by ({c}, instance) (\n  {new_or_increased(dropped, cfg.trainer_exit_window)}\n)",
+        severity="warning",
+        component="training",
+        summary=f"A training process on {_l('instance')} exited without closing its tracker.",
+        description=(
+            f"{_V} training processes on {_l('instance')} (cluster {_l(c)}) died in the last "
+            f"{cfg.trainer_exit_window} without unregistering (crash, OOM kill, SIGKILL). If the job does "
+            f"not restart, nothing else pages: its series are gone."
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=(
+                (_series(N.TRAINER_REGISTRATIONS_DROPPED, _node_labels()), "0+0x10 1+0x20"),
+                (
+                    _series(N.TRAINER_REGISTRATIONS_DROPPED, _with(_node_labels(), instance="n2:9400")),
+                    "0+0x30",
+                ),
+            ),
+            quiet=(("10m", "no exit yet"), ("25m", "the exit left the window")),
+            fire_at="12m",
+            fire_labels=({"cluster": "c1", "instance": "n1:9400"},),
+            fire_text=(
+                (
+                    "A training process on n1:9400 exited without closing its tracker.",
+                    "1 training processes on n1:9400 (cluster c1) died in the last 10m without unregistering "
+                    "(crash, OOM kill, SIGKILL). If the job does not restart, nothing else pages: its series "
+                    "are gone.",
                 ),
             ),
         ),
@@ -327,7 +379,7 @@ def _training(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
-    return [stalled, train_down, mfu_drop, straggler, goodput, nonfinite]
+    return [stalled, exited, train_down, mfu_drop, straggler, goodput, nonfinite]
 
 
 def _checkpoint(cfg: GenerateConfig, r: Records) -> list[Alert]:
@@ -819,18 +871,18 @@ def _gpu_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
         for_=cfg.throttle_for,
         test=AlertTest(
             series=(
-                (_series(clock, _with(_GPU, reason="hw_thermal")), "0+0x5 1+0x40"),
+                (_series(clock, _with(_GPU, reason="hw_thermal_slowdown")), "0+0x5 1+0x40"),
                 (_series(clock, _with(_GPU, reason="sw_power_cap")), "1+0x45"),
             ),
             quiet=(("8m", "not sustained"), ("25m", "before for:")),
             fire_at="30m",
-            fire_labels=(_gpu_labels(reason="hw_thermal"),),
+            fire_labels=(_gpu_labels(reason="hw_thermal_slowdown"),),
             fire_text=(
                 (
-                    "GPU 3 of n1:9400 is throttled: hw_thermal.",
+                    "GPU 3 of n1:9400 is throttled: hw_thermal_slowdown.",
                     "GPU 3 (GPU-8c5d3f3a, NVIDIA H100 80GB HBM3) on n1:9400, cluster c1 had clock event "
-                    "hw_thermal active 100% of the last 10m. The whole job runs at the pace of this GPU: "
-                    "check cooling, power and the board.",
+                    "hw_thermal_slowdown active 100% of the last 10m. The whole job runs at the pace of this "
+                    "GPU: check cooling, power and the board.",
                 ),
             ),
         ),

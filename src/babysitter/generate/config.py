@@ -58,8 +58,14 @@ class GenerateConfig:
     stall_step_factor: float = 10.0
     #: Window over which the typical (mean) step time is measured; must cover many steps.
     stall_baseline_window: str = "1h"
+    #: How far back the last step of a run is remembered once its series vanish (a stopped process
+    #: stops answering the node agent); a run silent for longer than this no longer counts as stalled.
+    stall_lookback_window: str = "6h"
     #: Extra wait before paging once the threshold is crossed (the threshold already is the grace period).
     stall_for: str = "1m"
+
+    #: Window in which a training process that died without unregistering warns.
+    trainer_exit_window: str = "10m"
 
     # --- targets ----------------------------------------------------------------------------------
     #: How long a scrape target may be down before paging (rides out a restart or a short network blip).
@@ -137,7 +143,12 @@ class GenerateConfig:
     #: How long a row remap may stay pending before warning (the next reset clears it).
     remap_pending_for: str = "10m"
     #: Clock event reasons that mean thermal or power throttling (not idle, not app clocks).
-    throttle_reasons: tuple[str, ...] = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+    throttle_reasons: tuple[str, ...] = (
+        "hw_slowdown",
+        "sw_thermal_slowdown",
+        "hw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+    )
     #: Fraction of throttle_window a reason must be active to count as sustained.
     throttle_fraction: float = 0.5
     #: Window of the throttling fraction.
@@ -184,8 +195,10 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         stall_min_seconds=15,
         stall_step_factor=5.0,
         stall_baseline_window="2m",
+        stall_lookback_window="5m",
         stall_for="0s",
         target_down_for="10s",
+        trainer_exit_window="1m",
         mfu_baseline_window="5m",
         mfu_drop_for="30s",
         straggler_for="30s",

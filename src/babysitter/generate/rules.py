@@ -75,6 +75,11 @@ class Records:
         return record_name(["run"], T.STEP_DURATION.name, f"p{round(q * 100)}_{self.cfg.rate_window}")
 
     @property
+    def last_step(self) -> str:
+        """Unix time of the latest step of any rank of a run."""
+        return record_name(["run"], T.LAST_STEP_TIMESTAMP.name, "max")
+
+    @property
     def step_baseline(self) -> str:
         """Mean step time of a run over the stall baseline window (the stall threshold's unit)."""
         return record_name(["run"], T.STEP_DURATION.name, f"mean{self.cfg.stall_baseline_window}")
@@ -130,6 +135,7 @@ def _training_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
     peak = select(T.PEAK_FLOPS, ts)
     bw = cfg.stall_baseline_window
     rules = [
+        _rule(r.last_step, f"max {run} ({select(T.LAST_STEP_TIMESTAMP, ts)})"),
         _rule(r.steps_rate, f"max {run} (rate({select(T.STEPS, ts)}[{w}]))"),
         _rule(r.tokens_rate, f"sum {run} (rate({select(T.TOKENS, ts)}[{w}]))"),
         # Only ranks that know their peak count on either side, so an unknown device never inflates MFU.
