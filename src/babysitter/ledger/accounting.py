@@ -245,7 +245,7 @@ class Accountant:
                 out.append((inc.last_t, clean_tail, False))
         return out
 
-    def _thresholds(self) -> list[list[int]]:
+    def thresholds(self) -> list[list[int]]:
         """Per incarnation, per segment: the step above which that segment's steps were lost."""
         resumes: list[int | None] = []
         shape: list[int] = []
@@ -284,7 +284,7 @@ class Accountant:
         if not incs:
             return self._result(0, 0, fixed, [], 0)
         layout = self._layout(now_us, live)
-        thresholds = self._thresholds()
+        thresholds = self.thresholds()
         loose_all: list[tuple[int, list[tuple[int, int, int]], _Pool]] = []
         pending = 0
         for i, inc in enumerate(incs):
@@ -386,7 +386,7 @@ class Accountant:
         if not incs or hi_us <= lo_us:
             return self._result(lo_us, hi_us, fixed, [], 0)
         layout = self._layout(now_us, live)
-        thresholds = self._thresholds()
+        thresholds = self.thresholds()
         productive = 0
         lost = 0
         for i, inc in enumerate(incs):

@@ -1,0 +1,260 @@
+"""``babysitter report RUN_DIR``: where a run's wall time went, from its goodput ledger.
+
+Prints a table (rich), writes a PNG timeline (matplotlib) with ``--png``, or a JSON summary with
+``--json``. rich and matplotlib are the ``report`` extra; they are imported only when needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from babysitter.ledger.reader import DEFAULT_FILE_NAME
+from babysitter.ledger.summary import RunSummary, summarize
+
+__all__ = ["register", "render_png", "render_table", "run"]
+
+#: One color per cause, stable across reports (colorblind-friendly where it matters most).
+CAUSE_COLORS = {
+    "startup": "#9467bd",
+    "checkpoint_load": "#17becf",
+    "checkpoint_save": "#1f77b4",
+    "data_stall": "#bcbd22",
+    "lost_progress": "#d62728",
+    "downtime": "#7f7f7f",
+    "eval": "#2ca02c",
+    "phase": "#98df8a",
+    "hang": "#ff7f0e",
+    "other": "#c7c7c7",
+}
+
+_INCARNATION_COLOR = "#aec7e8"
+
+_MISSING = "babysitter report needs the 'report' extra for {what}: pip install 'babysitter[report]' ({err})"
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``report`` subcommand."""
+    p = subparsers.add_parser(
+        "report",
+        help="goodput and badput by cause of a run, from its ledger (table, --png timeline, --json)",
+        description="Goodput of a run across restarts: productive time, badput by cause, incarnations.",
+    )
+    p.add_argument("run_dir", type=Path, help="the run directory that holds the ledger")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout instead of the table")
+    p.add_argument("--png", type=Path, metavar="PATH", help="also write a timeline PNG to PATH")
+    p.add_argument(
+        "--ledger", default=DEFAULT_FILE_NAME, help=f"ledger file name (default {DEFAULT_FILE_NAME})"
+    )
+    p.add_argument(
+        "--now",
+        type=float,
+        default=None,
+        help="Unix time to account up to for a running or down run (default: now)",
+    )
+    p.add_argument(
+        "--stale-after",
+        type=float,
+        default=60.0,
+        help="seconds after which another host's writer lock counts as dead (default 60)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the subcommand; 0 on success, 1 for an empty or missing ledger, 2 when it cannot be read."""
+    if "/" in args.ledger or args.ledger in ("", ".", ".."):
+        _err(f"babysitter report: --ledger must be a file name, got {args.ledger!r}")
+        return 2
+    try:
+        summary = summarize(args.run_dir, file_name=args.ledger, now=args.now, stale_after=args.stale_after)
+    except OSError as exc:
+        _err(f"babysitter report: cannot read the ledger in {args.run_dir}: {exc}")
+        return 2
+    if summary.state == "empty":
+        _err(f"babysitter report: no ledger records in {summary.ledger}")
+        return 1
+    if args.json:
+        sys.stdout.write(json.dumps(summary.to_json(), indent=2) + "\n")
+    else:
+        try:
+            render_table(summary)
+        except ImportError as exc:
+            _err(_MISSING.format(what="the table", err=exc))
+            return 2
+    if args.png is not None:
+        try:
+            render_png(summary, args.png, now=args.now)
+        except ImportError as exc:
+            _err(_MISSING.format(what="--png", err=exc))
+            return 2
+        except OSError as exc:
+            _err(f"babysitter report: cannot write {args.png}: {exc}")
+            return 2
+    return 0
+
+
+def _err(message: str) -> None:
+    sys.stderr.write(message + "\n")
+
+
+def _dur(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d{hours:02d}h{minutes:02d}m"
+    if hours:
+        return f"{hours}h{minutes:02d}m{sec:02d}s"
+    return f"{minutes}m{sec:02d}s"
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+
+def render_table(summary: RunSummary, console: Any = None) -> None:
+    """Print the goodput tables with rich (to ``console``, default stdout)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    t = summary.totals
+    console.print(
+        f"[bold]{summary.run}[/bold]  state [bold]{summary.state}[/bold]  wall {_dur(t.wall_seconds)}  "
+        f"goodput [bold]{t.goodput:.1%}[/bold]  restarts {t.restarts}  "
+        f"checkpoints {summary.checkpoints_ok} saved / {summary.checkpoints_failed} failed"
+    )
+    if summary.torn_lines or summary.invalid_lines:
+        console.print(
+            f"[yellow]ledger: skipped {summary.torn_lines} torn and {summary.invalid_lines} "
+            "invalid line(s)[/]"
+        )
+    causes = Table(title="Where the wall time went")
+    causes.add_column("bucket")
+    causes.add_column("time", justify="right")
+    causes.add_column("share", justify="right")
+    for name in summary.windows:
+        causes.add_column(f"last {name}", justify="right")
+    rows = [
+        ("productive", t.productive_seconds, {n: w.productive_seconds for n, w in summary.windows.items()})
+    ]
+    for cause, seconds in t.badput_seconds.items():
+        rows.append(
+            (cause, seconds, {n: w.badput_seconds.get(cause, 0.0) for n, w in summary.windows.items()})
+        )
+    wall = t.wall_seconds or 1.0
+    for name, seconds, per_window in rows:
+        if seconds == 0 and all(v == 0 for v in per_window.values()):
+            continue
+        cells = [f"{per_window[n] / (summary.windows[n].wall_seconds or 1.0):.1%}" for n in summary.windows]
+        style = "bold green" if name == "productive" else None
+        causes.add_row(name, _dur(seconds), f"{seconds / wall:.1%}", *cells, style=style)
+    causes.add_row(
+        "wall", _dur(t.wall_seconds), "100%", *[_dur(w.wall_seconds) for w in summary.windows.values()]
+    )
+    console.print(causes)
+    incs = Table(title="Incarnations")
+    for col in ("#", "host", "pid", "start (UTC)", "duration", "resumed", "steps", "step time", "ending"):
+        incs.add_column(col, justify="right" if col in ("#", "pid", "resumed", "steps") else "left")
+    for inc in summary.incarnations:
+        steps = "-" if inc.first_step is None else f"{inc.first_step}..{inc.last_step}"
+        incs.add_row(
+            str(inc.index),
+            inc.host,
+            str(inc.pid),
+            _utc(inc.start),
+            _dur(inc.end - inc.start),
+            "-" if inc.resumed_from is None else str(inc.resumed_from),
+            steps,
+            "-" if inc.mean_step_seconds is None else f"{inc.mean_step_seconds:.3g}s",
+            inc.ending,
+        )
+    console.print(incs)
+
+
+def render_png(summary: RunSummary, path: Path, *, now: float | None = None) -> None:
+    """Write the timeline: incarnations as bars, badput colored by cause, step time and MFU over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    from babysitter.ledger.spans import badput_spans, step_points
+
+    t = summary.totals
+    t0 = t.start_us / 1e6
+    scale, unit = (3600.0, "hours") if t.wall_seconds > 3 * 3600 else (60.0, "minutes")
+    if t.wall_seconds < 180:
+        scale, unit = 1.0, "seconds"
+
+    def x(v: float) -> float:
+        return (v - t0) / scale
+
+    fig, (ax_t, ax_s, ax_m) = plt.subplots(
+        3, 1, figsize=(12, 7.5), sharex=True, gridspec_kw={"height_ratios": [1.3, 1, 1]}
+    )
+    try:
+        fig.suptitle(
+            f"{summary.run}: goodput {t.goodput:.1%} over {_dur(t.wall_seconds)}, {t.restarts} restart(s)"
+        )
+        for inc in summary.incarnations:
+            ax_t.broken_barh(
+                [(x(inc.start), max((inc.end - inc.start) / scale, 1e-9))],
+                (1.1, 0.8),
+                facecolors=_INCARNATION_COLOR,
+                edgecolors="black",
+                linewidth=0.5,
+            )
+            ax_t.text(x(inc.start), 2.0, f"#{inc.index}", fontsize=7, va="bottom")
+        spans = badput_spans(
+            summary.accountant, now=now if summary.state != "ended" else None, live=summary.state == "running"
+        )
+        by_cause: dict[str, list[tuple[float, float]]] = {}
+        for sp in spans:
+            by_cause.setdefault(sp.cause, []).append((x(sp.begin), (sp.end - sp.begin) / scale))
+        order = ("startup", "downtime", "lost_progress", "hang", "other")
+        for cause in sorted(by_cause, key=lambda c: order.index(c) if c in order else len(order)):
+            bars = by_cause[cause]
+            ax_t.broken_barh(bars, (0.0, 0.8), facecolors=CAUSE_COLORS.get(cause, "#000000"))
+        ax_t.set_yticks([0.4, 1.5], labels=["badput", "incarnations"])
+        ax_t.set_ylim(-0.2, 2.6)
+        handles = [Patch(color=_INCARNATION_COLOR, label="incarnation")]
+        handles += [Patch(color=CAUSE_COLORS.get(c, "#000000"), label=c) for c in by_cause]
+        ax_t.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        any_mfu = False
+        for full in summary.timeline.incarnations:
+            points = step_points(full)
+            if not points:
+                continue
+            marker = "." if len(points) < 300 else None
+            ax_s.plot(
+                [x(p.time) for p in points],
+                [p.step_seconds for p in points],
+                lw=0.8,
+                color="#1f77b4",
+                marker=marker,
+            )
+            mfu = [(x(p.time), p.mfu) for p in points if p.mfu is not None]
+            if mfu:
+                any_mfu = True
+                ax_m.plot([a for a, _ in mfu], [b for _, b in mfu], lw=0.8, color="#d62728", marker=marker)
+        ax_s.set_ylabel("step time (s)")
+        ax_m.set_ylabel("MFU")
+        if not any_mfu:
+            ax_m.text(0.5, 0.5, "no MFU (peak FLOP/s unknown)", transform=ax_m.transAxes, ha="center")
+        ax_m.set_xlabel(f"{unit} since the run started ({_utc(t0)} UTC)")
+        for ax in (ax_t, ax_s, ax_m):
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
