@@ -14,7 +14,8 @@ A scenario is a JSON file: ``{"events": [{"at": 5, "gpu": 3, "event": "xid", "xi
 and ``clear_throttle``; ``ecc`` (``type``: corrected|uncorrected, ``count``);
 ``remap`` (``state``: correctable|uncorrectable|pending|failure, ``count``);
 ``nvlink`` (``link``, ``type``: replay|recovery|crc_flit|crc_data, ``count``); ``pcie_replay`` (``count``);
-``load`` (``utilization``, ``tensor_active``: ratios); ``unsupported`` (``query``: an NVML function name).
+``load`` (``utilization``, ``tensor_active``: ratios); ``unsupported`` (``query``: an NVML function name);
+``error`` (``query``, ``code``: an NVML return code) that query fails with that error from now on.
 
 Shorthands for the common faults: ``xid79`` (Xid 79, then the GPU is lost) and ``xid48``
 (Xid 48 with an uncorrected ECC error and a pending row remap).
@@ -37,7 +38,15 @@ from typing import Any
 from babysitter.node import fake_nvml as F
 from babysitter.node.fake_nvml import FakeGpu, FakeNvml
 
-__all__ = ["GPU_MODELS", "GpuModel", "ScenarioEvent", "Simulator", "load_scenario", "resolve_model"]
+__all__ = [
+    "GPU_MODELS",
+    "GpuModel",
+    "ScenarioEvent",
+    "Simulator",
+    "load_scenario",
+    "parse_scenario",
+    "resolve_model",
+]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +96,7 @@ _EVENTS = frozenset(
         "pcie_replay",
         "load",
         "unsupported",
+        "error",
     }
 )
 _REASON_BITS = {
@@ -175,8 +185,10 @@ def _check_args(where: str, kind: str, args: Mapping[str, Any]) -> None:
         raise ValueError(f"{where}: remap 'state' is one of {', '.join(_REMAP_STATES)}")
     if kind == "nvlink" and args.get("type", "crc_flit") not in _NVLINK_TYPES:
         raise ValueError(f"{where}: nvlink 'type' is one of {', '.join(_NVLINK_TYPES)}")
-    if kind == "unsupported" and not str(args.get("query", "")).startswith("nvml"):
-        raise ValueError(f"{where}: unsupported needs 'query', an NVML function name")
+    if kind in ("unsupported", "error") and not str(args.get("query", "")).startswith("nvml"):
+        raise ValueError(f"{where}: {kind} needs 'query', an NVML function name")
+    if kind == "error" and not isinstance(args.get("code"), int):
+        raise ValueError(f"{where}: error needs an integer NVML return 'code'")
     for key in ("count", "seconds", "utilization", "tensor_active", "link"):
         if key in args and not isinstance(args[key], (int, float)):
             raise ValueError(f"{where}: {key!r} must be a number")
@@ -337,6 +349,8 @@ class Simulator:
             self._load[event.gpu] = (float(a.get("utilization", util)), float(a.get("tensor_active", tensor)))
         elif kind == "unsupported":
             gpu.unsupported.add(str(a["query"]))
+        elif kind == "error":
+            gpu.errors[str(a["query"])] = int(a["code"])
 
     @staticmethod
     def _ecc(gpu: FakeGpu, error_type: int, count: int) -> None:

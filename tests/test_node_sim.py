@@ -1,0 +1,185 @@
+"""The simulated GPU backend: scenarios drive the fake NVML, and the real collectors see the faults."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from pathlib import Path
+
+import pytest
+
+from babysitter.catalog import node as N
+from babysitter.node import fake_nvml as F
+from babysitter.node.gpu import GpuCollector
+from babysitter.node.simulate import GPU_MODELS, Simulator, load_scenario, parse_scenario, resolve_model
+from node_helpers import scrape
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def sim(count: int = 2, model: str = "H100", events: list[dict[str, object]] | None = None, **kw: object):  # type: ignore[no-untyped-def]
+    clock = Clock()
+    scenario = parse_scenario(events or [], count)
+    s = Simulator(count, model, scenario=scenario, clock=clock, **kw)  # type: ignore[arg-type]
+    gpu = GpuCollector(s.nvml)
+    gpu.start()
+    return s, clock, gpu
+
+
+class TestScenario:
+    @pytest.mark.parametrize(
+        ("events", "message"),
+        [
+            ({"events": "no"}, "list of events"),
+            ([{"event": "explode"}], "unknown event 'explode'"),
+            ([{"event": "lost", "gpu": 9}], "out of range"),
+            ([{"event": "lost", "at": -1}], ">= 0"),
+            ([{"event": "xid"}], "integer 'xid'"),
+            ([{"event": "throttle", "reasons": ["too_hot"]}], "reasons"),
+            ([{"event": "ecc", "type": "soft"}], "corrected or uncorrected"),
+            ([{"event": "error", "query": "nvmlDeviceGetPowerUsage"}], "code"),
+            ([{"event": "pcie_replay", "count": "many"}], "number"),
+        ],
+    )
+    def test_bad_scenarios_are_rejected(self, events: object, message: str) -> None:
+        """A scenario mistake is a ValueError naming the event and the problem."""
+        with pytest.raises(ValueError, match=message):
+            parse_scenario(events, 2)
+
+    def test_scenario_file(self, tmp_path: Path) -> None:
+        """A JSON file of events loads sorted by time; an unreadable file names its path."""
+        path = tmp_path / "s.json"
+        path.write_text(
+            json.dumps({"events": [{"at": 5, "event": "lost"}, {"at": 1, "event": "xid", "xid": 13}]})
+        )
+        assert [e.event for e in load_scenario(path, 1)] == ["xid", "lost"]
+        with pytest.raises(ValueError, match=r"missing\.json"):
+            load_scenario(tmp_path / "missing.json", 1)
+
+    def test_models(self) -> None:
+        """Short and full model names resolve; an unknown one lists the choices."""
+        assert resolve_model("h100") is GPU_MODELS["H100"]
+        assert resolve_model("NVIDIA A100-SXM4-80GB") is GPU_MODELS["A100"]
+        with pytest.raises(ValueError, match="H100"):
+            resolve_model("TPUv5")
+
+
+class TestFaults:
+    def test_events_fire_on_time(self) -> None:
+        """An event applies once its time has come, not before."""
+        s, clock, gpu = sim(events=[{"at": 10, "gpu": 1, "event": "lost"}])
+        clock.now += 9
+        s.step()
+        assert scrape(gpu).value(N.GPU_UP.name, gpu="1") == 1
+        clock.now += 2
+        s.step()
+        assert scrape(gpu).value(N.GPU_UP.name, gpu="1") == 0
+        assert scrape(gpu).value(N.GPU_UP.name, gpu="0") == 1
+
+    def test_xid79_delivers_the_event_then_the_gpu_is_lost(self, tmp_path: Path) -> None:
+        """Xid 79 reaches a registered NVML event set and the kernel log, then the GPU stops answering."""
+        log = tmp_path / "kern.log"
+        s, clock, gpu = sim(events=[{"at": 1, "gpu": 1, "event": "xid79"}], kernel_log=log)
+        lib = s.nvml
+        es = lib.nvmlEventSetCreate()
+        lib.nvmlDeviceRegisterEvents(lib.nvmlDeviceGetHandleByIndex(1), lib.nvmlEventTypeXidCriticalError, es)
+        clock.now += 1
+        s.step()
+        event = lib.nvmlEventSetWait(es, 1000)
+        assert event.eventData == 79
+        handle = lib.nvmlDeviceGetHandleByIndex(0)  # GPU 1 is lost now: compare handle addresses
+        addresses = {ctypes.cast(h, ctypes.c_void_p).value for h in (event.device, handle)}
+        assert len(addresses) == 2
+        with pytest.raises(lib.NVMLError_GpuIsLost):
+            lib.nvmlDeviceGetUUID(event.device)
+        line = log.read_text()
+        assert line == "NVRM: Xid (PCI:0000:28:00): 79, pid=4242, name=python3, GPU has fallen off the bus.\n"
+        assert scrape(gpu).value(N.GPU_UP.name, gpu="1") == 0
+
+    def test_kernel_log_line_parses_with_the_xid_parser(self, tmp_path: Path) -> None:
+        """The simulated NVRM line is one the kernel-log parser understands, mapped to the GPU's bus."""
+        kmsg = pytest.importorskip("babysitter.node.kmsg")
+        log = tmp_path / "kern.log"
+        sim(events=[{"at": 0, "gpu": 0, "event": "xid", "xid": 31}], kernel_log=log)
+        events = kmsg.parse_log(log.read_text().splitlines())
+        assert len(events) == 1
+        assert events[0].xid == 31
+
+    def test_xid48_ecc_and_remap(self) -> None:
+        """Xid 48 comes with an uncorrected ECC error and a pending row remap."""
+        _, _, gpu = sim(events=[{"at": 0, "gpu": 0, "event": "xid48"}])
+        out = scrape(gpu)
+        assert out.value(N.GPU_ECC_ERRORS.name, gpu="0", type="uncorrected", scope="volatile") == 1
+        assert out.value(N.GPU_REMAPPED_ROWS.name, gpu="0", state="pending") == 1
+        assert out.value(N.GPU_REMAPPED_ROWS.name, gpu="0", state="uncorrectable") == 1
+
+    def test_throttling_shows_as_reasons_lower_clock_and_power(self) -> None:
+        """Thermal throttling sets the reason series and lowers SM clock and power."""
+        s, clock, gpu = sim(
+            events=[{"at": 5, "gpu": 0, "event": "throttle", "reasons": ["hw_thermal_slowdown"]}]
+        )
+        before = scrape(gpu)
+        clock.now += 5
+        s.step()
+        after = scrape(gpu)
+        assert after.value(N.GPU_CLOCK_EVENT_ACTIVE.name, gpu="0", reason="hw_thermal_slowdown") == 1
+        assert after.value(N.GPU_SM_CLOCK.name, gpu="0") < before.value(N.GPU_SM_CLOCK.name, gpu="0")
+        assert after.value(N.GPU_POWER.name, gpu="0") < before.value(N.GPU_POWER.name, gpu="0")
+        assert after.value(N.GPU_CLOCK_EVENT_ACTIVE.name, gpu="1", reason="hw_thermal_slowdown") == 0
+
+    def test_counters_and_errors(self) -> None:
+        """ECC, NVLink, PCIe counters accumulate; an injected NVML error is counted, not fatal."""
+        _, _, gpu = sim(
+            events=[
+                {"at": 0, "gpu": 1, "event": "ecc", "type": "corrected", "count": 3},
+                {"at": 0, "gpu": 1, "event": "ecc", "type": "corrected", "count": 2},
+                {"at": 0, "gpu": 1, "event": "nvlink", "link": 2, "type": "crc_flit", "count": 4},
+                {"at": 0, "gpu": 1, "event": "pcie_replay", "count": 6},
+                {
+                    "at": 0,
+                    "gpu": 0,
+                    "event": "error",
+                    "query": "nvmlDeviceGetPowerUsage",
+                    "code": F.NVML_ERROR_UNKNOWN,
+                },
+            ]
+        )
+        out = scrape(gpu)
+        assert out.value(N.GPU_ECC_ERRORS.name, gpu="1", type="corrected", scope="aggregate") == 5
+        assert out.value(N.GPU_NVLINK_ERRORS.name, gpu="1", link="all", type="crc_flit") == 4
+        assert out.value(N.GPU_PCIE_REPLAYS.name, gpu="1") == 6
+        assert out.value(N.GPU_QUERY_ERRORS.name, gpu="0", query="power", error="Unknown") == 1
+
+    def test_energy_integrates_power(self) -> None:
+        """Energy grows by power x time between ticks."""
+        s, clock, gpu = sim(count=1)
+        e0 = scrape(gpu).value(N.GPU_ENERGY.name)
+        watts = scrape(gpu).value(N.GPU_POWER.name)
+        clock.now += 10
+        s.step()
+        assert scrape(gpu).value(N.GPU_ENERGY.name) - e0 == pytest.approx(watts * 10, rel=0.1)
+
+    def test_model_decides_remap_or_retired_pages(self) -> None:
+        """Ampere and later remap rows (no retired pages); a V100 retires pages (no remapped rows)."""
+        _, _, h100 = sim(count=1, model="H100")
+        out = scrape(h100)
+        assert out.find(N.GPU_RETIRED_PAGES.name) == []
+        assert len(out.find(N.GPU_REMAPPED_ROWS.name)) == 4
+        _, _, v100 = sim(count=1, model="V100")
+        out = scrape(v100)
+        assert out.find(N.GPU_REMAPPED_ROWS.name) == []
+        assert len(out.find(N.GPU_RETIRED_PAGES.name)) == 2
+        assert out.find(N.GPU_TENSOR_ACTIVE.name) == []
+
+    def test_hang_and_recover(self) -> None:
+        """A hanging GPU makes NVML calls block; recover ends it."""
+        s, _, _ = sim(count=1, events=[{"at": 0, "event": "hang", "seconds": 0.05}])
+        assert s.nvml.gpu(0).delay_seconds == 0.05
+        s._apply(parse_scenario([{"event": "recover"}], 1)[0])
+        assert s.nvml.gpu(0).delay_seconds == 0
