@@ -176,6 +176,7 @@ class VisionTower:
     image_tokens: int
     patch_matmul: int
     projector_matmul: int
+    projector_input_matmul: int = 0  # the projector's first layer (no input gradient when frozen)
     extra_params: int = 0  # patch-embedding bias, class and position embeddings, norms, projector biases
     trainable: bool = False
 

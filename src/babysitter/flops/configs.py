@@ -237,8 +237,9 @@ def _llava(c: _Cfg) -> Architecture:
         image_tokens=image_tokens,
         patch_matmul=channels * patch * patch * vh,
         projector_matmul=vh * th + th * th,
+        projector_input_matmul=vh * th,
         extra_params=extra + projector_bias,
-        trainable=False,
+        trainable=c.flag("vision_trainable", False),
     )
     return Architecture(
         family=f"llava+{text.family}",

@@ -81,7 +81,7 @@ class FlopsBreakdown:
     attention_forward: float  # scores and weighted sums
     lm_head_forward: float  # vocabulary projection (and MLM transform)
     vision_forward: float  # image tower and projector, per LM token
-    vision_trainable: bool
+    vision_backward: float  # their backward: 2x forward if trained; a frozen tower's is skipped
     recompute_forward: float  # extra forward work done again under activation checkpointing
     source: str
 
@@ -91,10 +91,9 @@ class FlopsBreakdown:
 
     @property
     def model(self) -> float:
-        """Forward + backward: 3x the forward of trained parts, 1x a frozen vision tower's."""
+        """Forward + backward: 3x the forward of the language model, and the vision part's own sum."""
         trained = self.dense_forward + self.attention_forward + self.lm_head_forward
-        vision = self.vision_forward * (3 if self.vision_trainable else 1)
-        return 3 * trained + vision
+        return 3 * trained + self.vision_forward + self.vision_backward
 
     @property
     def hardware(self) -> float:
@@ -233,16 +232,20 @@ def breakdown(
     lm_head = 0.0
     if arch.lm_head:
         lm_head = 2.0 * (arch.head_matmul + arch.hidden * arch.vocab_size)
-    vision = 0.0
+    vision = vision_back = 0.0
     tower = arch.vision
     if tower is not None and images_per_sequence:
         vd, va = _stack_forward(tower.stack, tower.tokens_per_image, causal_halved=False)
-        per_image = (
-            2.0 * tower.patch_matmul * tower.patches_per_image
-            + (vd + va) * tower.tokens_per_image
-            + 2.0 * tower.projector_matmul * tower.image_tokens
-        )
-        vision = per_image * images_per_sequence / seq_len
+        encoder = 2.0 * tower.patch_matmul * tower.patches_per_image + (vd + va) * tower.tokens_per_image
+        projector = 2.0 * tower.projector_matmul * tower.image_tokens
+        if tower.trainable:
+            back = 2.0 * (encoder + projector)
+        else:
+            # Frozen tower: no backward through it, and the projector's first layer needs no input
+            # gradient (only its weight gradient).
+            back = 2.0 * projector - 2.0 * tower.projector_input_matmul * tower.image_tokens
+        scale = images_per_sequence / seq_len
+        vision, vision_back = (encoder + projector) * scale, back * scale
     if recompute == "full":
         again = dense + attention
     elif recompute == "selective":
@@ -254,7 +257,7 @@ def breakdown(
         attention_forward=attention,
         lm_head_forward=lm_head,
         vision_forward=vision,
-        vision_trainable=bool(tower and tower.trainable),
+        vision_backward=vision_back,
         recompute_forward=again,
         source=source or f"arch:{arch.family}",
     )
