@@ -1,0 +1,177 @@
+"""Local trainers: registered endpoints are fetched over loopback and re-served; failures stay local."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+from babysitter import registration
+from babysitter.catalog import node as N
+from babysitter.node.agent import Agent
+from babysitter.node.trainers import TrainersCollector
+from node_helpers import parse_exposition, scrape, wait_for
+
+
+class Trainer:
+    """An in-process metrics endpoint registered like a tracker would register it."""
+
+    def __init__(self, directory: Path, run: str, rank: int, steps: float) -> None:
+        self.registry = CollectorRegistry()
+        counter = Counter("train_steps", "steps", ["run", "rank"], registry=self.registry)
+        counter.labels(run, str(rank)).inc(steps)
+        self.server, self.thread = start_http_server(0, addr="127.0.0.1", registry=self.registry)
+        port = self.server.server_port
+        pid = os.getpid()
+        self.endpoint = registration.Endpoint(
+            pid=pid,
+            start_time=registration.process_start_time(pid),
+            url=f"http://127.0.0.1:{port}/metrics",
+            run=run,
+            rank=rank,
+            local_rank=rank,
+        )
+        # Same pid for several endpoints: registration file names are unique per pid and port.
+        self.path = registration.register(directory, self.endpoint)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(name="reg")
+def _reg(tmp_path: Path) -> Path:
+    return tmp_path / "registry"
+
+
+@pytest.fixture(name="trainers")
+def _trainers(reg: Path) -> Iterator[TrainersCollector]:
+    collector = TrainersCollector(reg, timeout=2.0)
+    yield collector
+    collector.close()
+
+
+def test_no_registry_dir_is_fine(trainers: TrainersCollector) -> None:
+    """A host with no trainer yet (no directory) reports zero trainers, no error."""
+    s = scrape(trainers)
+    assert s.value(N.TRAINERS.name) == 0
+    assert s.find(N.TRAINER_SCRAPE_SUCCESS.name) == []
+
+
+def test_registered_endpoints_are_reserved(reg: Path, trainers: TrainersCollector) -> None:
+    """Two ranks' metrics appear in the agent's /metrics under one family, each with its own success."""
+    a, b = Trainer(reg, "run-a", 0, 5), Trainer(reg, "run-a", 1, 7)
+    try:
+        text = Agent([trainers]).render().decode()
+        s = parse_exposition(text)
+        assert s.value("train_steps_total", run="run-a", rank="0") == 5
+        assert s.value("train_steps_total", run="run-a", rank="1") == 7
+        assert text.count("# TYPE train_steps_total counter") == 1
+        assert s.value(N.TRAINER_SCRAPE_SUCCESS.name, run="run-a", rank="1") == 1
+        assert s.value(N.TRAINERS.name) == 2
+        assert s.value(N.TRAINER_SCRAPE_DURATION.name, run="run-a", rank="0") > 0
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_endpoint_that_stops_answering(
+    reg: Path, trainers: TrainersCollector, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A live process whose endpoint fails gets success 0 and one log line; the others are served."""
+    good, bad = Trainer(reg, "good", 0, 1), Trainer(reg, "bad", 0, 2)
+    bad.stop()
+    try:
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.trainers"):
+            scrape(trainers)
+            s = scrape(trainers)
+        assert s.value(N.TRAINER_SCRAPE_SUCCESS.name, run="bad", rank="0") == 0
+        assert s.value(N.TRAINER_SCRAPE_SUCCESS.name, run="good", rank="0") == 1
+        assert s.value("train_steps_total", run="good") == 1
+        lines = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
+        assert len(lines) == 1
+        assert "run=bad" in lines[0]
+        assert s.value(N.TRAINER_REGISTRATIONS_DROPPED.name) == 0
+    finally:
+        good.stop()
+
+
+def test_oversized_response_is_a_failure(reg: Path) -> None:
+    """A response larger than the limit counts as a failed fetch (bounded memory per trainer)."""
+    t = Trainer(reg, "big", 0, 1)
+    try:
+        small = TrainersCollector(reg, max_bytes=50)
+        assert scrape(small).value(N.TRAINER_SCRAPE_SUCCESS.name, run="big") == 0
+        small.close()
+    finally:
+        t.stop()
+
+
+_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+    from babysitter import registration
+    reg = CollectorRegistry()
+    Gauge("train_step", "step", ["run", "rank"], registry=reg).labels("doomed", "3").set(42)
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=reg)
+    pid = os.getpid()
+    registration.register(Path(sys.argv[1]), registration.Endpoint(
+        pid=pid, start_time=registration.process_start_time(pid),
+        url=f"http://127.0.0.1:{server.server_port}/metrics", run="doomed", rank=3, local_rank=3))
+    time.sleep(120)
+    """
+)
+
+
+def test_trainer_that_died_is_dropped_with_one_log_line(
+    reg: Path, trainers: TrainersCollector, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGKILL a registered trainer: its registration is dropped, counted, and logged once."""
+    proc = subprocess.Popen([sys.executable, "-c", _SCRIPT, str(reg)])
+    try:
+        wait_for(lambda: registration.list_endpoints(reg), timeout=30)
+        s = scrape(trainers)
+        assert s.value("train_step", run="doomed", rank="3") == 42
+        proc.kill()
+        proc.wait(timeout=10)
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.trainers"):
+            s = scrape(trainers)
+            s2 = scrape(trainers)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert s.value(N.TRAINER_REGISTRATIONS_DROPPED.name) == 1
+    assert s2.value(N.TRAINER_REGISTRATIONS_DROPPED.name) == 1
+    assert s.value(N.TRAINERS.name) == 0
+    assert s.find("train_step") == []
+    assert list(reg.glob("*.json")) == []
+    lines = [r.getMessage() for r in caplog.records if "exited" in r.getMessage()]
+    assert len(lines) == 1
+    assert "run=doomed rank=3" in lines[0]
+
+
+def test_proxy_environment_is_ignored(
+    reg: Path, trainers: TrainersCollector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loopback fetches never go through an HTTP proxy from the environment."""
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    t = Trainer(reg, "p", 0, 3)
+    try:
+        collector = TrainersCollector(reg)
+        assert scrape(collector).value(N.TRAINER_SCRAPE_SUCCESS.name, run="p") == 1
+        collector.close()
+    finally:
+        t.stop()
