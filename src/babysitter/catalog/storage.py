@@ -1,41 +1,133 @@
-"""Node agent metrics about checkpoint storage: the storage probe and the checkpoint sentinel."""
+"""Node agent metrics about checkpoint storage: the storage probe and the checkpoint sentinel.
+
+Probe series carry ``path`` (a configured checkpoint directory, so the set is bounded by the agent's
+configuration); sentinel series carry ``run`` (the run's name from its ledger) and, for
+``checkpoint_missing``, ``step`` (at most ``keep_last`` steps per run at a time).
+"""
 
 from __future__ import annotations
 
 from babysitter.catalog._spec import MetricSpec
 
-__all__ = ["CHECKPOINT_MISSING", "METRICS", "STORAGE_FREE", "STORAGE_PROBE_FSYNC", "STORAGE_PROBE_WRITE"]
+__all__ = [
+    "CHECKPOINT_LEDGER_UP",
+    "CHECKPOINT_MISSING",
+    "CHECKPOINT_NEWEST_VERIFIED_AGE",
+    "METRICS",
+    "PROBE_ERROR_REASONS",
+    "STORAGE_FREE",
+    "STORAGE_PROBE_ERRORS",
+    "STORAGE_PROBE_FSYNC",
+    "STORAGE_PROBE_READ",
+    "STORAGE_PROBE_RUNNING",
+    "STORAGE_PROBE_UP",
+    "STORAGE_PROBE_WRITE",
+    "STORAGE_SIZE",
+]
 
-STORAGE_PROBE_WRITE = MetricSpec(
+#: Values of ``storage_probe_errors_total{reason}``: what an operator does differs for each.
+PROBE_ERROR_REASONS = (
+    "missing",  # the directory does not exist (or is not a directory): unmounted, deleted, typo
+    "permission",  # EACCES/EPERM: the agent's user cannot write there
+    "read_only",  # EROFS: the file system is mounted (or fell back to) read-only
+    "no_space",  # ENOSPC/EDQUOT: full, or over quota
+    "io",  # EIO: the storage returned an I/O error
+    "stale",  # ESTALE: an NFS handle went stale (server restart, export changed)
+    "corrupt",  # the bytes read back differ from the bytes written
+    "other",
+)
+
+
+def _probe(name: str, kind: str, unit: str, help_: str, labels: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(name, kind, unit, help_, labels=("path", *labels), source="node")  # type: ignore[arg-type]
+
+
+STORAGE_PROBE_WRITE = _probe(
     "storage_probe_write_seconds",
     "gauge",
     "seconds",
-    "Time of the last probe write in a checkpoint directory.",
-    labels=("path",),
-    source="node",
+    "Time of the last probe's create and write in a checkpoint directory.",
 )
-STORAGE_PROBE_FSYNC = MetricSpec(
+STORAGE_PROBE_FSYNC = _probe(
     "storage_probe_fsync_seconds",
     "gauge",
     "seconds",
-    "Time of the last probe fsync in a checkpoint directory.",
-    labels=("path",),
-    source="node",
+    "Time of the last probe's fsync in a checkpoint directory (data reaching stable storage).",
 )
-STORAGE_FREE = MetricSpec(
+STORAGE_PROBE_READ = _probe(
+    "storage_probe_read_seconds",
+    "gauge",
+    "seconds",
+    "Time of the last probe's read-back in a checkpoint directory, with its cached pages dropped first.",
+)
+STORAGE_PROBE_UP = _probe(
+    "storage_probe_up",
+    "gauge",
+    "",
+    "1 when the last probe of a checkpoint directory wrote, synced, read back and deleted its file.",
+)
+STORAGE_PROBE_ERRORS = _probe(
+    "storage_probe_errors_total",
+    "counter",
+    "",
+    "Failed probes of a checkpoint directory, by reason (missing, permission, read_only, no_space, io, "
+    "stale, corrupt, other).",
+    labels=("reason",),
+)
+STORAGE_PROBE_RUNNING = _probe(
+    "storage_probe_running_seconds",
+    "gauge",
+    "seconds",
+    "How long the probe now in progress has been running; 0 when idle. Grows without bound on a hung "
+    "file system.",
+)
+STORAGE_FREE = _probe(
     "storage_free_bytes",
     "gauge",
     "bytes",
-    "Free bytes on the file system of a checkpoint directory.",
-    labels=("path",),
-    source="node",
+    "Bytes available to unprivileged users on the file system of a checkpoint directory.",
+)
+STORAGE_SIZE = _probe(
+    "storage_size_bytes",
+    "gauge",
+    "bytes",
+    "Size of the file system of a checkpoint directory.",
 )
 CHECKPOINT_MISSING = MetricSpec(
     "checkpoint_missing",
     "gauge",
     "",
-    "1 when a checkpoint the ledger says completed is missing or has the wrong size.",
+    "1 when a checkpoint the ledger says completed is missing or smaller than recorded, for the last K.",
     labels=("run", "step"),
     source="node",
 )
-METRICS: tuple[MetricSpec, ...] = (STORAGE_PROBE_WRITE, STORAGE_PROBE_FSYNC, STORAGE_FREE, CHECKPOINT_MISSING)
+CHECKPOINT_NEWEST_VERIFIED_AGE = MetricSpec(
+    "checkpoint_newest_verified_age_seconds",
+    "gauge",
+    "seconds",
+    "Seconds since the newest checkpoint of a run that exists with its recorded size was completed.",
+    labels=("run",),
+    source="node",
+)
+CHECKPOINT_LEDGER_UP = MetricSpec(
+    "checkpoint_ledger_up",
+    "gauge",
+    "",
+    "1 when the sentinel read the run's ledger on its last check, 0 when the ledger could not be read.",
+    labels=("run",),
+    source="node",
+)
+
+METRICS: tuple[MetricSpec, ...] = (
+    STORAGE_PROBE_WRITE,
+    STORAGE_PROBE_FSYNC,
+    STORAGE_PROBE_READ,
+    STORAGE_PROBE_UP,
+    STORAGE_PROBE_ERRORS,
+    STORAGE_PROBE_RUNNING,
+    STORAGE_FREE,
+    STORAGE_SIZE,
+    CHECKPOINT_MISSING,
+    CHECKPOINT_NEWEST_VERIFIED_AGE,
+    CHECKPOINT_LEDGER_UP,
+)
