@@ -25,6 +25,7 @@ class LossReader:
         self._training_stream = training_stream
         self.value: float | None = None
         self.nonfinite = 0
+        self._last: object = None  # the object last read: each loss is read (and counted) once
         self._pending: tuple[Any, Any, Any] | None = None  # (source tensor, host copy, done event)
         self._stream: Any = None
 
@@ -36,8 +37,9 @@ class LossReader:
                 return
             self._pending = None
             self._set(float(host.item()))
-        if latest is None:
+        if latest is None or latest is self._last:
             return
+        self._last = latest
         if isinstance(latest, (int, float)):
             self._set(float(latest))
             return

@@ -1,0 +1,88 @@
+"""A real CPU training loop with watch(), scraped by a real Prometheus."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import babysitter
+from babysitter.catalog import goodput as G
+from babysitter.catalog import train as T
+from promkit import PrometheusServer
+from tinygpt import TinyConfig, TinyGPT, batches, palm_flops_per_token, train_step
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+
+SEQ, BATCH = 32, 8
+
+
+def test_promql_mfu_agrees_with_tracker_and_every_train_metric_is_exported(tmp_path: Path) -> None:
+    """rate(train_model_flops_total[1m]) / train_peak_flops_per_second matches train_mfu_ratio within 5%,
+    and every train_* family of the catalog reaches Prometheus."""
+    torch.manual_seed(0)
+    cfg = TinyConfig()
+    model = TinyGPT(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    fpt = palm_flops_per_token(model, SEQ)
+    tracker = babysitter.watch(
+        model,
+        run="promql-mfu",
+        tokens_per_step=BATCH * SEQ,
+        samples_per_step=BATCH,
+        flops_per_token=fpt,
+        hardware_flops_per_token=fpt * 4 / 3,  # as if the forward were recomputed once
+        peak_flops=2e10,
+        port=0,
+        run_dir=tmp_path / "run",
+        labels={"cluster": "test-cluster"},
+        mfu_window=60.0,
+        flush_interval=0.2,
+    )
+    assert tracker.metrics_url is not None
+    target = tracker.metrics_url.split("//", 1)[1].split("/", 1)[0]
+    data = batches(cfg, BATCH, SEQ)
+    try:
+        with PrometheusServer(tmp_path, targets=[target], scrape_interval="1s") as prom:
+            with tracker.checkpoint_load(step=0):
+                pass
+            # Train until Prometheus has scraped the target, then a full minute more, so that the
+            # [1m] window holds steady-state steps only (rate() extrapolates poorly over a series
+            # younger than its window).
+            for x, y in tracker.data(data):
+                tracker.step(loss=train_step(model, opt, x, y))
+                if tracker.steps % 10 == 0 and prom.query(f"{T.STEPS.name} > 0"):
+                    break
+            deadline = time.monotonic() + 63
+            for x, y in tracker.data(data):
+                tracker.step(loss=train_step(model, opt, x, y))
+                if time.monotonic() > deadline:
+                    break
+            loop_end = time.time()
+            with tracker.phase("eval"):
+                time.sleep(0.05)
+            with tracker.checkpoint_save(step=tracker.global_step) as ckpt:
+                ckpt.nbytes = 1000
+            time.sleep(2.5)  # two more scrapes
+            at = loop_end - 1.0
+            promql = prom.query_value(f"rate({T.MODEL_FLOPS.name}[1m]) / {T.PEAK_FLOPS.name}", at=at)
+            tracker_mfu = prom.query_value(T.MFU.name, at=at)
+            assert promql is not None and tracker_mfu is not None
+            assert tracker_mfu > 0
+            assert abs(promql - tracker_mfu) / tracker_mfu < 0.05, (promql, tracker_mfu)
+            hfu = prom.query_value(T.HFU.name)
+            mfu = prom.query_value(T.MFU.name)
+            assert hfu is not None and mfu is not None and hfu == pytest.approx(mfu * 4 / 3, rel=1e-6)
+
+            names = {r["metric"]["__name__"] for r in prom.query('{__name__=~"train_.*"}')}
+            exported = {n.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum") for n in names}
+            expected = {spec.name for spec in (*T.METRICS, *G.METRICS) if spec.name.startswith("train_")}
+            assert expected <= exported, sorted(expected - exported)
+            labels = prom.query(T.STEPS.name)[0]["metric"]
+            assert labels["run"] == "promql-mfu"
+            assert labels["rank"] == "0"
+            assert labels["cluster"] == "test-cluster"
+    finally:
+        tracker.close()
