@@ -44,7 +44,7 @@ def free_port() -> int:
 
 
 def _get_json(url: str, timeout: float = 5.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback test URL
         return json.loads(response.read())
 
 
@@ -105,7 +105,7 @@ class PrometheusServer:
             if self._proc.poll() is not None:
                 raise RuntimeError(f"prometheus exited: {self._log.read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:  # noqa: S310
                     if response.status == 200:
                         return self
             except (urllib.error.URLError, OSError):

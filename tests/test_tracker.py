@@ -362,7 +362,7 @@ class TestEndpoint:
             assert tracker.metrics_url is not None
             served = int(tracker.metrics_url.rsplit(":", 1)[1].split("/")[0])
             assert served != busy
-            body = urllib.request.urlopen(tracker.metrics_url, timeout=5).read().decode()
+            body = urllib.request.urlopen(tracker.metrics_url, timeout=5).read().decode()  # noqa: S310
         assert f'{S.EXPORTER_PORT.name}{{rank="0",requested="{busy}",run="t"}} {served}.0' in body
         assert tracker.errors.counts()["port_in_use"] == 1
 
@@ -385,7 +385,7 @@ class TestEndpoint:
         tracker.step()
         assert tracker.errors.counts()["registration"] == 1
         assert tracker.metrics_url is not None
-        urllib.request.urlopen(tracker.metrics_url, timeout=5).read()
+        urllib.request.urlopen(tracker.metrics_url, timeout=5).read()  # noqa: S310
 
     def test_rank_and_local_rank_from_the_launcher(
         self, make_tracker: Any, monkeypatch: pytest.MonkeyPatch
@@ -433,7 +433,7 @@ class TestEndpoint:
         tracker = make_tracker(port=0, tls=babysitter.TLSConfig(certfile=str(cert), keyfile=str(key)))
         assert tracker.metrics_url is not None and tracker.metrics_url.startswith("https://")
         context = ssl.create_default_context(cafile=str(cert))
-        body = urllib.request.urlopen(tracker.metrics_url, context=context, timeout=5).read().decode()
+        body = urllib.request.urlopen(tracker.metrics_url, context=context, timeout=5).read().decode()  # noqa: S310
         assert T.STEPS.name in body
 
 
