@@ -1,0 +1,333 @@
+"""The checkpoint sentinel: are the checkpoints the ledger says completed still there, at their size?
+
+Providers delete files (quota sweeps, expired scratch, a wrong ``rm``), and a run only learns it when
+it restarts from a checkpoint that is gone. For each configured run directory the sentinel reads the
+ledger (:func:`babysitter.ledger.completed_checkpoints`), takes the last ``keep_last`` distinct steps,
+and checks each path:
+
+- a file must exist and be at least ``nbytes`` long;
+- a directory's regular files (walked without following symlinks) must sum to at least ``nbytes``.
+  Larger is fine: frameworks and eval jobs add files to checkpoint directories after the save;
+- without a recorded ``nbytes`` only existence is checked; a record without a path, or with a URL
+  (``s3://...``), cannot be checked here and is skipped (one log line).
+
+Relative paths are taken relative to the run directory. The agent must see checkpoint paths where the
+trainer wrote them (same mount points).
+
+**Retention.** ``keep_last`` must not exceed how many checkpoints the training job keeps (Lightning's
+``save_top_k``, HF's ``save_total_limit``): a checkpoint the job rotated away on purpose looks exactly
+like one the provider deleted.
+
+Exports ``checkpoint_missing{run,step}`` (1 missing or too small, 0 verified),
+``checkpoint_newest_verified_age_seconds{run}`` and ``checkpoint_ledger_up{run}``. ``run`` is the
+name in the ledger's first start record, or the directory's name when there is none.
+
+The file system work runs on a worker thread that ``collect()`` wakes when the last check is older
+than ``refresh_seconds``; ``collect()`` waits for it at most ``wait_seconds`` and otherwise serves the
+previous result, so a hung mount never hangs the agent's scrape.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from prometheus_client.core import Metric
+
+from babysitter.catalog import storage as S
+from babysitter.labels import sanitize_value
+
+__all__ = [
+    "CheckpointCheck",
+    "CheckpointSentinelCollector",
+    "RunCheck",
+    "directory_size",
+    "run_name",
+    "verify",
+]
+
+log = logging.getLogger(__name__)
+
+_MAX_WALK = 200_000  # files summed per checkpoint directory; beyond, only existence is checked
+_NAME_PROBE_BYTES = 1 << 20  # the run's name is in the ledger's first start record, near the top
+
+
+class _Record(Protocol):
+    """What the sentinel needs of :class:`babysitter.ledger.CheckpointRecord`."""
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def path(self) -> str | None: ...
+    @property
+    def nbytes(self) -> int | None: ...
+    @property
+    def time(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class CheckpointCheck:
+    """The verdict on one checkpoint: ``missing`` is None when it could not be checked."""
+
+    step: int
+    path: str
+    time: float
+    missing: bool | None
+    detail: str = ""
+
+
+@dataclass
+class RunCheck:
+    """The result of checking one run directory."""
+
+    run_dir: Path
+    run: str
+    ledger_ok: bool
+    detail: str = ""
+    checks: list[CheckpointCheck] = field(default_factory=list)
+
+    def newest_verified(self) -> CheckpointCheck | None:
+        verified = [c for c in self.checks if c.missing is False]
+        return max(verified, key=lambda c: c.time) if verified else None
+
+
+def directory_size(path: Path, limit: int = _MAX_WALK) -> int | None:
+    """Sum of regular file sizes under ``path`` (symlinks not followed); None past ``limit`` files."""
+    total = 0
+    seen = 0
+    stack = [str(path)]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    seen += 1
+                    if seen > limit:
+                        return None
+                    total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def verify(run_dir: Path, record: _Record) -> CheckpointCheck:
+    """Check one ledger record's checkpoint on disk (see the module doc for the rules)."""
+    raw = record.path
+    if not raw:
+        return CheckpointCheck(record.step, "", record.time, None, "the ledger has no path for it")
+    if "://" in raw:
+        return CheckpointCheck(record.step, raw, record.time, None, "a URL, not a path on this host")
+    path = Path(raw) if os.path.isabs(raw) else run_dir / raw
+    try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            size = directory_size(path)
+        elif stat.S_ISREG(st.st_mode):
+            size = st.st_size
+        else:
+            return CheckpointCheck(record.step, raw, record.time, True, "neither a file nor a directory")
+    except (FileNotFoundError, NotADirectoryError):
+        return CheckpointCheck(record.step, raw, record.time, True, "does not exist")
+    except OSError as exc:  # permission, I/O, stale handle: cannot tell whether it is gone
+        return CheckpointCheck(record.step, raw, record.time, None, f"cannot check: {exc.strerror or exc}")
+    expected = record.nbytes
+    if expected is not None and size is not None and size < expected:
+        return CheckpointCheck(record.step, raw, record.time, True, f"{size} bytes, ledger says {expected}")
+    return CheckpointCheck(record.step, raw, record.time, False)
+
+
+def _default_reader(run_dir: Path) -> Sequence[_Record]:
+    from babysitter.ledger import completed_checkpoints
+
+    return completed_checkpoints(run_dir)
+
+
+def _ledger_path(run_dir: Path) -> Path:
+    from babysitter.ledger import DEFAULT_FILE_NAME
+
+    return run_dir / DEFAULT_FILE_NAME
+
+
+def run_name(run_dir: Path) -> str | None:
+    """The run's name from the ledger's first start record; None when there is none (yet)."""
+    try:
+        with _ledger_path(run_dir).open("rb") as fh:
+            head = fh.read(_NAME_PROBE_BYTES)
+    except OSError:
+        return None
+    for line in head.split(b"\n"):
+        if b'"k":"start"' not in line.replace(b" ", b""):
+            continue
+        try:
+            name = json.loads(line).get("run")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(name, str) and name:
+            return name
+    return None
+
+
+class CheckpointSentinelCollector:
+    """The ``checkpoint`` collector: verifies the last ``keep_last`` checkpoints of each run directory.
+
+    ``read_ledger`` replaces :func:`babysitter.ledger.completed_checkpoints` (for tests and other
+    manifest formats); ``clock`` is wall time (ledger times are Unix seconds).
+    """
+
+    name = "checkpoint"
+
+    def __init__(
+        self,
+        run_dirs: Sequence[Path],
+        *,
+        keep_last: int = 3,
+        refresh_seconds: float = 30.0,
+        wait_seconds: float = 2.0,
+        read_ledger: Callable[[Path], Sequence[_Record]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+        if not refresh_seconds >= 0 or not wait_seconds >= 0:
+            raise ValueError("refresh_seconds and wait_seconds must be >= 0")
+        self.run_dirs = list(dict.fromkeys(Path(p) for p in run_dirs))
+        if not self.run_dirs:
+            raise ValueError("the checkpoint sentinel needs at least one run directory")
+        self.keep_last = keep_last
+        self._refresh = float(refresh_seconds)
+        self._wait = float(wait_seconds)
+        self._read = read_ledger or _default_reader
+        self._clock = clock
+        self._names: dict[Path, str] = {}
+        self._lock = threading.Lock()
+        self._results: list[RunCheck] = []
+        self._checked_at: float | None = None
+        self._busy = False
+        self._kick = threading.Event()
+        self._done = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._reported: dict[tuple[Path, str], str] = {}  # what was last logged per (run dir, subject)
+
+    def start(self) -> None:
+        """Start the worker thread (idempotent; ``collect()`` calls it)."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._loop, name="babysitter-checkpoint-sentinel", daemon=True
+            )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._kick.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+
+    def collect(self) -> Iterable[Metric]:
+        self.start()
+        now = time.monotonic()
+        with self._lock:
+            due = not self._busy and (self._checked_at is None or now - self._checked_at >= self._refresh)
+            if due:
+                self._busy = True
+                self._done.clear()
+                self._kick.set()
+        if due:
+            self._done.wait(self._wait)
+        with self._lock:
+            results = list(self._results)
+        missing = S.CHECKPOINT_MISSING.family()
+        age = S.CHECKPOINT_NEWEST_VERIFIED_AGE.family()
+        ledger_up = S.CHECKPOINT_LEDGER_UP.family()
+        wall = self._clock()
+        for result in results:
+            ledger_up.add_metric([result.run], 1.0 if result.ledger_ok else 0.0)  # type: ignore[attr-defined]
+            for check in result.checks:
+                if check.missing is not None:
+                    missing.add_metric([result.run, str(check.step)], 1.0 if check.missing else 0.0)  # type: ignore[attr-defined]
+            newest = result.newest_verified()
+            if newest is not None:
+                age.add_metric([result.run], max(0.0, wall - newest.time))  # type: ignore[attr-defined]
+        return [missing, age, ledger_up]
+
+    def check_now(self) -> list[RunCheck]:
+        """Check every run directory on the calling thread (what the worker does)."""
+        results: list[RunCheck] = []
+        labels: set[str] = set()
+        for run_dir in self.run_dirs:
+            result = self._check(run_dir)
+            if result.run in labels:  # two directories with one run name: keep series apart
+                result.run = sanitize_value(str(run_dir)) or result.run
+            labels.add(result.run)
+            results.append(result)
+            self._log_changes(result)
+        return results
+
+    def _loop(self) -> None:
+        while True:
+            self._kick.wait()
+            self._kick.clear()
+            if self._stop.is_set():
+                return
+            try:
+                results = self.check_now()
+            except Exception:  # a bug: keep the previous results, try again next time
+                log.exception("babysitter: checkpoint sentinel check failed")
+                results = None
+            with self._lock:
+                if results is not None:
+                    self._results = results
+                self._checked_at = time.monotonic()
+                self._busy = False
+            self._done.set()
+
+    def _check(self, run_dir: Path) -> RunCheck:
+        name = self._names.get(run_dir)
+        if name is None:
+            found = run_name(run_dir)
+            name = sanitize_value(found or run_dir.name) or "run"
+            if found:
+                self._names[run_dir] = name
+        try:
+            records = list(self._read(run_dir))
+        except OSError as exc:
+            return RunCheck(run_dir, name, False, f"cannot read the ledger: {exc.strerror or exc}")
+        if not records and self._read is _default_reader and not _ledger_path(run_dir).exists():
+            return RunCheck(run_dir, name, False, "no ledger in this directory")
+        newest: dict[int, _Record] = {}
+        for record in records:  # newest last; a step saved again after a restart keeps its newest record
+            newest[record.step] = record
+        last = sorted(newest.values(), key=lambda r: r.time)[-self.keep_last :]
+        return RunCheck(run_dir, name, True, checks=[verify(run_dir, r) for r in last])
+
+    def _log_changes(self, result: RunCheck) -> None:
+        self._report(result.run_dir, "ledger", "" if result.ledger_ok else result.detail, result.run)
+        current = {"ledger"}
+        for check in result.checks:
+            problem = "" if check.missing is False else check.detail
+            subject = f"step {check.step}"
+            current.add(subject)
+            self._report(result.run_dir, subject, problem, result.run, check.path)
+        for key in [k for k in self._reported if k[0] == result.run_dir and k[1] not in current]:
+            del self._reported[key]  # steps that left the last K: forget them (bounded memory)
+
+    def _report(self, run_dir: Path, subject: str, problem: str, run: str, path: str = "") -> None:
+        key = (run_dir, subject)
+        previous = self._reported.get(key)
+        if previous == problem or (previous is None and not problem):
+            return
+        self._reported[key] = problem
+        where = f"run {run!r} ({run_dir}) {subject}" + (f" at {path}" if path else "")
+        if problem:
+            log.warning("babysitter: checkpoint sentinel: %s: %s", where, problem)
+        else:
+            log.info("babysitter: checkpoint sentinel: %s is fine again", where)

@@ -1,0 +1,240 @@
+"""The checkpoint sentinel against real ledger files: deleted, truncated and rotated checkpoints, bad ledgers."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from babysitter.catalog import storage as S
+from babysitter.ledger import DEFAULT_FILE_NAME, CheckpointRecord
+from babysitter.ledger.records import CheckpointEnd, Start, encode, to_us
+from babysitter.ledger.writer import LedgerWriter
+from babysitter.node.sentinel import CheckpointSentinelCollector, directory_size
+from node_helpers import scrape
+
+MISSING = S.CHECKPOINT_MISSING.name
+AGE = S.CHECKPOINT_NEWEST_VERIFIED_AGE.name
+LEDGER_UP = S.CHECKPOINT_LEDGER_UP.name
+T0 = 1_780_000_000.0
+NOW = T0 + 10_000.0
+
+
+def write_ledger(run_dir: Path, run: str, saves: list[tuple[int, float, int | None, str | None]]) -> None:
+    """A ledger as the tracker writes it: a start record, then one checkpoint end per save."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = [encode(Start(t=to_us(T0), pst=to_us(T0), id="abc", host="node1", pid=1, run=run))]
+    for step, t, nbytes, path in saves:
+        lines.append(
+            encode(CheckpointEnd(t=to_us(t), op="save", step=step, ok=True, nbytes=nbytes, path=path))
+        )
+    lines.append(encode(CheckpointEnd(t=to_us(T0 + 9000), op="save", step=999, ok=False, nbytes=1, path="x")))
+    (run_dir / DEFAULT_FILE_NAME).write_bytes(b"".join(lines))
+
+
+def file_checkpoint(run_dir: Path, step: int, size: int) -> tuple[int, float, int, str]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / f"step-{step}.pt"
+    path.write_bytes(b"\x01" * size)
+    return (step, T0 + step, size, str(path))
+
+
+@pytest.fixture(name="make")
+def _make() -> Iterator[object]:
+    made: list[CheckpointSentinelCollector] = []
+
+    def make(run_dirs: list[Path], **kwargs: object) -> CheckpointSentinelCollector:
+        kwargs.setdefault("refresh_seconds", 0.0)
+        kwargs.setdefault("wait_seconds", 10.0)
+        kwargs.setdefault("clock", lambda: NOW)
+        collector = CheckpointSentinelCollector(run_dirs, **kwargs)  # type: ignore[arg-type]
+        made.append(collector)
+        return collector
+
+    yield make
+    for collector in made:
+        collector.close()
+
+
+@pytest.fixture(name="run_dir")
+def _run_dir(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "runs" / "llama-7b-try3"
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+class TestFiles:
+    def test_last_k_verified_and_age_of_newest(self, run_dir: Path, make) -> None:
+        saves = [file_checkpoint(run_dir, step, 1000 + step) for step in (100, 200, 300, 400)]
+        write_ledger(run_dir, "llama-7b", saves)
+        s = scrape(make([run_dir], keep_last=3))
+        missing = {x.labels["step"]: x.value for x in s.samples if x.name == MISSING}
+        assert missing == {"200": 0.0, "300": 0.0, "400": 0.0}  # not 100 (older than the last 3), not
+        # 999 (a failed save is not a checkpoint)
+        assert s.value(AGE, run="llama-7b") == NOW - (T0 + 400)
+        assert s.value(LEDGER_UP, run="llama-7b") == 1
+
+    def test_deleted_checkpoint_flagged_at_the_next_scrape_once_logged(
+        self, run_dir: Path, make, caplog
+    ) -> None:
+        saves = [file_checkpoint(run_dir, step, 4096) for step in (100, 200, 300)]
+        write_ledger(run_dir, "llama-7b", saves)
+        c = make([run_dir])
+        assert scrape(c).value(MISSING, step="200") == 0
+        (run_dir / "step-200.pt").unlink()
+        with caplog.at_level(logging.INFO, logger="babysitter.node.sentinel"):
+            for _ in range(3):
+                s = scrape(c)
+        assert s.value(MISSING, run="llama-7b", step="200") == 1
+        assert s.value(MISSING, step="300") == 0
+        assert s.value(AGE, run="llama-7b") == NOW - (T0 + 300)
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1, lines
+        assert "step 200" in lines[0]
+        assert "does not exist" in lines[0]
+
+    def test_newest_deleted_age_falls_back_to_the_newest_that_exists(self, run_dir: Path, make) -> None:
+        saves = [file_checkpoint(run_dir, step, 10) for step in (100, 200, 300)]
+        write_ledger(run_dir, "r", saves)
+        (run_dir / "step-300.pt").unlink()
+        s = scrape(make([run_dir]))
+        assert s.value(MISSING, step="300") == 1
+        assert s.value(AGE, run="r") == NOW - (T0 + 200)
+
+    def test_truncated_is_missing_grown_is_fine(self, run_dir: Path, make) -> None:
+        saves = [file_checkpoint(run_dir, step, 1000) for step in (1, 2)]
+        write_ledger(run_dir, "r", saves)
+        (run_dir / "step-1.pt").write_bytes(b"\x01" * 999)
+        (run_dir / "step-2.pt").write_bytes(b"\x01" * 1001)
+        s = scrape(make([run_dir]))
+        assert s.value(MISSING, step="1") == 1
+        assert s.value(MISSING, step="2") == 0
+
+    def test_relative_paths_unknown_size_urls_and_no_path(self, run_dir: Path, make, caplog) -> None:
+        (run_dir / "ckpt").mkdir()
+        (run_dir / "ckpt" / "a.pt").write_bytes(b"x" * 10)
+        write_ledger(
+            run_dir,
+            "r",
+            [
+                (1, T0 + 1, 10, "ckpt/a.pt"),  # relative to the run directory
+                (2, T0 + 2, None, "ckpt/a.pt"),  # no size: existence only
+                (3, T0 + 3, 10, "s3://bucket/run/step-3"),
+                (4, T0 + 4, 10, None),
+            ],
+        )
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.sentinel"):
+            s = scrape(make([run_dir], keep_last=4))
+        assert s.value(MISSING, step="1") == 0
+        assert s.value(MISSING, step="2") == 0
+        assert s.find(MISSING, step="3") == []
+        assert s.find(MISSING, step="4") == []
+        assert s.value(AGE, run="r") == NOW - (T0 + 2)
+        messages = " | ".join(r.getMessage() for r in caplog.records)
+        assert "a URL" in messages
+        assert "no path" in messages
+
+    def test_step_saved_again_after_restart_is_one_series_with_the_newest_record(
+        self, run_dir: Path, make
+    ) -> None:
+        old = run_dir / "old.pt"
+        new = run_dir / "new.pt"
+        new.write_bytes(b"x" * 5)
+        write_ledger(run_dir, "r", [(500, T0 + 1, 5, str(old)), (500, T0 + 2, 5, str(new))])
+        s = scrape(make([run_dir]))
+        assert s.find(MISSING, step="500") == [0.0]
+
+
+class TestDirectories:
+    def test_sharded_checkpoint_directory(self, run_dir: Path, make) -> None:
+        ckpt = run_dir / "global_step_1000"
+        (ckpt / "shards").mkdir(parents=True)
+        for rank in range(4):
+            (ckpt / "shards" / f"rank{rank}.distcp").write_bytes(b"\x00" * 250)
+        (ckpt / "latest").symlink_to(ckpt / "shards" / "rank0.distcp")  # not counted twice
+        assert directory_size(ckpt) == 1000
+        write_ledger(run_dir, "r", [(1000, T0 + 1000, 1000, str(ckpt))])
+        c = make([run_dir])
+        assert scrape(c).value(MISSING, step="1000") == 0
+        (ckpt / "eval_results.json").write_text("{}")  # added after the save: fine
+        assert scrape(c).value(MISSING, step="1000") == 0
+        (ckpt / "shards" / "rank3.distcp").unlink()  # a shard lost
+        assert scrape(c).value(MISSING, step="1000") == 1
+        shutil.rmtree(ckpt)
+        assert scrape(c).value(MISSING, step="1000") == 1
+
+
+class TestLedgers:
+    def test_unreadable_ledger_reported_other_runs_still_checked(self, tmp_path: Path, make, caplog) -> None:
+        bad, good = tmp_path / "bad", tmp_path / "good"
+        (bad / DEFAULT_FILE_NAME).mkdir(parents=True)  # read_bytes() fails: IsADirectoryError
+        write_ledger(good, "good-run", [file_checkpoint(good, 1, 8)])
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.sentinel"):
+            c = make([bad, good])
+            scrape(c)
+            s = scrape(c)
+        assert s.value(LEDGER_UP, run="bad") == 0
+        assert s.value(LEDGER_UP, run="good-run") == 1
+        assert s.value(MISSING, run="good-run", step="1") == 0
+        assert [r.getMessage() for r in caplog.records if "cannot read the ledger" in r.getMessage()] != []
+        assert len(caplog.records) == 1
+
+    def test_no_ledger_in_directory(self, tmp_path: Path, make) -> None:
+        s = scrape(make([tmp_path / "typo"]))
+        assert s.value(LEDGER_UP, run="typo") == 0
+
+    def test_two_directories_with_one_run_name_stay_apart(self, tmp_path: Path, make) -> None:
+        a, b = tmp_path / "a", tmp_path / "b"
+        write_ledger(a, "same", [file_checkpoint(a, 1, 8)])
+        write_ledger(b, "same", [file_checkpoint(b, 1, 8)])
+        s = scrape(make([a, b]))
+        assert s.value(LEDGER_UP, run="same") == 1
+        assert s.value(LEDGER_UP, run=str(b)) == 1
+
+    def test_written_by_the_real_ledger_writer(self, run_dir: Path, make) -> None:
+        writer = LedgerWriter(run_dir, run="writer-run", flush_interval=0.05)
+        writer.incarnation_start(time=T0, info={})
+        for step in (10, 20):
+            _, t, size, path = file_checkpoint(run_dir, step, 64)
+            writer.checkpoint_begin(kind="save", step=step, time=t - 0.5, path=path)
+            writer.checkpoint_end(kind="save", step=step, time=t, ok=True, nbytes=size, path=path)
+        writer.close(time=T0 + 30, clean=True)
+        (run_dir / "step-10.pt").unlink()
+        s = scrape(make([run_dir]))
+        assert s.value(MISSING, run="writer-run", step="10") == 1
+        assert s.value(MISSING, run="writer-run", step="20") == 0
+
+
+def test_hung_storage_does_not_hang_the_scrape(run_dir: Path, make) -> None:
+    """A hung mount cannot be made here; a ledger reader that blocks stands in for one."""
+    release = threading.Event()
+    calls = []
+
+    def read(path: Path) -> list[CheckpointRecord]:
+        calls.append(path)
+        if len(calls) > 1:
+            release.wait(30)
+        return [CheckpointRecord(step=1, path=None, nbytes=None, time=T0)]
+
+    c = make([run_dir], read_ledger=read, wait_seconds=0.2)
+    assert scrape(c).value(LEDGER_UP, run="llama-7b-try3") == 1
+    started = time.monotonic()
+    s = scrape(c)  # the second check hangs: served from the first
+    assert time.monotonic() - started < 5
+    assert s.value(LEDGER_UP, run="llama-7b-try3") == 1
+    scrape(c)  # still hung: no second worker piles up
+    assert len(calls) == 2
+    release.set()
+
+
+@pytest.mark.parametrize("kwargs", [{"keep_last": 0}, {"refresh_seconds": -1.0}])
+def test_bad_configuration_fails_at_setup(tmp_path: Path, kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        CheckpointSentinelCollector([tmp_path], **kwargs)
+    with pytest.raises(ValueError, match="at least one"):
+        CheckpointSentinelCollector([])
