@@ -1,0 +1,60 @@
+"""The deployment examples in exporters/ agree with the agent: config keys, port, mounts, directories."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from babysitter import registration
+from babysitter.node.config import DEFAULT_PORT, add_arguments, load_config
+
+EXPORTERS = Path(__file__).resolve().parent.parent / "exporters"
+
+
+def test_example_config_file_loads() -> None:
+    """The example config file passes the agent's own validation."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = load_config(parser.parse_args(["--config", str(EXPORTERS / "node-agent.example.json")]), {})
+    assert config.bind_port == DEFAULT_PORT
+    assert config.enabled("storage")
+
+
+def test_systemd_unit_sets_what_the_agent_reads() -> None:
+    """The unit's environment variables are ones the agent and trackers read."""
+    unit = (EXPORTERS / "babysitter-node-agent.service").read_text()
+    assert f"BABYSITTER_NODE_LISTEN_ADDRESS=0.0.0.0:{DEFAULT_PORT}" in unit
+    assert f"{registration.ENV_DIR}=/tmp/babysitter" in unit
+    assert "KillSignal=SIGTERM" in unit
+    assert "CAP_SYSLOG" in unit
+
+
+def test_daemonset_mounts_kmsg_registry_and_checkpoints() -> None:
+    """The DaemonSet mounts /dev/kmsg read-only and the registration dir the trackers use."""
+    yaml = pytest.importorskip("yaml")
+    ds = yaml.safe_load((EXPORTERS / "node-agent-daemonset.yaml").read_text())
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True
+    assert spec["hostPID"] is True
+    container = spec["containers"][0]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/dev/kmsg"]["readOnly"] is True
+    assert "/tmp/babysitter" in mounts
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env[registration.ENV_DIR] == "/tmp/babysitter"
+    assert env["BABYSITTER_NODE_LISTEN_ADDRESS"] == f"$(NODE_IP):{DEFAULT_PORT}"
+    assert container["ports"][0]["containerPort"] == DEFAULT_PORT
+    assert "SYSLOG" in container["securityContext"]["capabilities"]["add"]
+
+
+def test_scrape_config_targets_the_agent_port() -> None:
+    """The Prometheus example scrapes the agent's default port with honor_labels."""
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load((EXPORTERS / "prometheus-scrape.yml").read_text())
+    static = config["scrape_configs"][0]
+    assert all(t.endswith(f":{DEFAULT_PORT}") for t in static["static_configs"][0]["targets"])
+    assert static["honor_labels"] is True
+    assert json.dumps(config)  # plain data
