@@ -532,88 +532,106 @@ def _checkpoint(cfg: GenerateConfig, r: Records) -> list[Alert]:
 def _node(cfg: GenerateConfig, r: Records) -> list[Alert]:
     ns, c = cfg.node_selector, cfg.cluster_label
     host_path = (c, "instance", "path")
+    slow_s = f"{cfg.storage_probe_slow_seconds:g}"
+    running = select(S.STORAGE_PROBE_RUNNING, ns)
     storage_slow = Alert(
         name="StorageProbeSlow",
+        # Slow probes, or one that has not returned at all (a hung mount never updates the timings).
         expr=(
             f"max {by(host_path)} (avg_over_time({r.storage_probe_total}[{cfg.storage_probe_window}]))"
-            f" > {cfg.storage_probe_slow_seconds:g}"
+            f" > {slow_s}\nor\nmax {by(host_path)} ({running}) > {slow_s}"
         ),
         severity="warning",
         component="storage",
         summary=f"Checkpoint storage {_l('path')} on {_l('instance')} is slow: {_VD} per probe.",
         description=(
             f"A small write + fsync in {_l('path')} on {_l('instance')} (cluster {_l(c)}) took {_VD} on "
-            f"average over {cfg.storage_probe_window} (threshold {cfg.storage_probe_slow_seconds:g}s). "
-            f"Checkpoint saves there will be slow or time out."
+            f"average over {cfg.storage_probe_window}, or has been running that long (threshold {slow_s}s). "
+            f"Checkpoint saves there will be slow, time out or hang."
         ),
         for_=cfg.storage_probe_for,
         test=AlertTest(
             series=(
                 (_series(S.STORAGE_PROBE_WRITE, _with(_GPU, path="/ckpt")), "0.5+0x40"),
                 (_series(S.STORAGE_PROBE_FSYNC, _with(_GPU, path="/ckpt")), "0.2+0x10 8+0x30"),
+                (_series(S.STORAGE_PROBE_RUNNING, _with(_GPU, path="/ckpt")), "0+0x40"),
                 (_series(S.STORAGE_PROBE_WRITE, _with(_GPU, path="/fast")), "0.5+0x40"),
                 (_series(S.STORAGE_PROBE_FSYNC, _with(_GPU, path="/fast")), "0.2+0x40"),
+                (_series(S.STORAGE_PROBE_RUNNING, _with(_GPU, path="/fast")), "0+0x40"),
+                # /hung: the last probe was fast, the current one never returns.
+                (_series(S.STORAGE_PROBE_WRITE, _with(_GPU, path="/hung")), "0.5+0x40"),
+                (_series(S.STORAGE_PROBE_FSYNC, _with(_GPU, path="/hung")), "0.2+0x40"),
+                (_series(S.STORAGE_PROBE_RUNNING, _with(_GPU, path="/hung")), "0+0x20 60+60x20"),
             ),
             quiet=(("10m", "fast"), ("25m", "before for:")),
             fire_at="35m",
+            fire_labels=(
+                {"cluster": "c1", "instance": "n1:9400", "path": "/ckpt"},
+                {"cluster": "c1", "instance": "n1:9400", "path": "/hung"},
+            ),
+            fire_text=tuple(
+                (
+                    f"Checkpoint storage {path} on n1:9400 is slow: {took} per probe.",
+                    f"A small write + fsync in {path} on n1:9400 (cluster c1) took {took} on average over "
+                    "10m, or has been running that long (threshold 5s). Checkpoint saves there will be slow, "
+                    "time out or hang.",
+                )
+                for path, took in (("/ckpt", "8.5s"), ("/hung", "15m 0s"))
+            ),
+        ),
+    )
+    host_key = (c, "instance")
+    probe_up = S.STORAGE_PROBE_UP
+    storage_failing = Alert(
+        name="StorageProbeFailing",
+        expr=f"max {by(host_path)} ({select(probe_up, ns)}) == 0",
+        severity="warning",
+        component="storage",
+        summary=f"Checkpoint storage {_l('path')} on {_l('instance')} fails the storage probe.",
+        description=(
+            f"The storage probe of {_l('path')} on {_l('instance')} (cluster {_l(c)}) has failed for "
+            f"{cfg.storage_failing_for}: the directory is missing, read-only, full, not permitted or "
+            f"returns I/O errors (the reason label of the probe's error counter says which). Checkpoint "
+            f"saves there fail."
+        ),
+        for_=cfg.storage_failing_for,
+        test=AlertTest(
+            series=(
+                (_series(probe_up, _with(_node_labels(), path="/ckpt")), "1+0x5 0+0x20"),
+                (_series(probe_up, _with(_node_labels(), path="/fast")), "1+0x25"),
+            ),
+            quiet=(("5m", "succeeding"), ("9m", "before for:")),
+            fire_at="15m",
             fire_labels=({"cluster": "c1", "instance": "n1:9400", "path": "/ckpt"},),
             fire_text=(
                 (
-                    "Checkpoint storage /ckpt on n1:9400 is slow: 8.5s per probe.",
-                    "A small write + fsync in /ckpt on n1:9400 (cluster c1) took 8.5s on average over 10m "
-                    "(threshold 5s). Checkpoint saves there will be slow or time out.",
+                    "Checkpoint storage /ckpt on n1:9400 fails the storage probe.",
+                    "The storage probe of /ckpt on n1:9400 (cluster c1) has failed for 5m: the directory is "
+                    "missing, read-only, full, not permitted or returns I/O errors (the reason label of the "
+                    "probe's error counter says which). Checkpoint saves there fail.",
                 ),
             ),
         ),
     )
-    storage_collectors = f"collector=~{_json(cfg.storage_collector_regex)}"
     success = N.COLLECTOR_SUCCESS
-    collector_key = (c, "instance", "collector")
-    collector_series = (
-        (_series(success, {**_node_labels(), "collector": "storage"}), "1+0x5 0+0x20"),
-        (_series(success, {**_node_labels(), "collector": "xid"}), "1+0x5 0+0x20"),
-        (_series(success, {**_node_labels(), "collector": "nvml"}), "1+0x25"),
-    )
-    storage_failing = Alert(
-        name="StorageProbeFailing",
-        expr=f"max {by(collector_key)} ({select(success, ns, storage_collectors)}) == 0",
-        severity="warning",
-        component="storage",
-        summary=f"Storage probe {_l('collector')} on {_l('instance')} fails.",
-        description=(
-            f"The storage probe {_l('collector')} on {_l('instance')} (cluster {_l(c)}) has failed for "
-            f"{cfg.collector_failing_for}: checkpoint storage is unwritable, full or unmounted there."
-        ),
-        for_=cfg.collector_failing_for,
-        test=AlertTest(
-            series=collector_series,
-            quiet=(("5m", "succeeding"), ("15m", "before for:")),
-            fire_at="20m",
-            fire_labels=({"cluster": "c1", "collector": "storage", "instance": "n1:9400"},),
-            fire_text=(
-                (
-                    "Storage probe storage on n1:9400 fails.",
-                    "The storage probe storage on n1:9400 (cluster c1) has failed for 10m: checkpoint "
-                    "storage is unwritable, full or unmounted there.",
-                ),
-            ),
-        ),
-    )
-    other_collectors = f"collector!~{_json(cfg.storage_collector_regex)}"
+    collector_key = (*host_key, "collector")
     collector_failing = Alert(
         name="NodeCollectorFailing",
-        expr=f"max {by(collector_key)} ({select(success, ns, other_collectors)}) == 0",
+        expr=f"max {by(collector_key)} ({select(success, ns)}) == 0",
         severity="warning",
         component="node",
         summary=f"Node agent collector {_l('collector')} on {_l('instance')} fails.",
         description=(
             f"The {_l('collector')} collector of the node agent on {_l('instance')} (cluster {_l(c)}) has "
-            f"failed for {cfg.collector_failing_for}; what it watches (GPUs, Xid, trainers) is blind there. "
-            f"Its log line says why."
+            f"failed for {cfg.collector_failing_for}; what it watches (GPUs, Xid, storage, trainers) is "
+            f"blind there. Its log line says why."
         ),
         for_=cfg.collector_failing_for,
         test=AlertTest(
-            series=collector_series,
+            series=(
+                (_series(success, {**_node_labels(), "collector": "xid"}), "1+0x5 0+0x20"),
+                (_series(success, {**_node_labels(), "collector": "gpu"}), "1+0x25"),
+            ),
             quiet=(("5m", "succeeding"), ("15m", "before for:")),
             fire_at="20m",
             fire_labels=({"cluster": "c1", "collector": "xid", "instance": "n1:9400"},),
@@ -621,7 +639,7 @@ def _node(cfg: GenerateConfig, r: Records) -> list[Alert]:
                 (
                     "Node agent collector xid on n1:9400 fails.",
                     "The xid collector of the node agent on n1:9400 (cluster c1) has failed for 10m; what "
-                    "it watches (GPUs, Xid, trainers) is blind there. Its log line says why.",
+                    "it watches (GPUs, Xid, storage, trainers) is blind there. Its log line says why.",
                 ),
             ),
         ),
@@ -661,10 +679,6 @@ def _node(cfg: GenerateConfig, r: Records) -> list[Alert]:
 
 def _node_labels() -> dict[str, str]:
     return {key: _GPU[key] for key in ("cluster", "instance", "job")}
-
-
-def _json(text: str) -> str:
-    return eq("x", text)[2:]
 
 
 def _gpu_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:

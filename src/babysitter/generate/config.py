@@ -118,8 +118,8 @@ class GenerateConfig:
     storage_probe_window: str = "10m"
     #: How long the storage probe must be slow before warning.
     storage_probe_for: str = "10m"
-    #: Regex of node agent collector names that are storage probes (their failures mean storage fails).
-    storage_collector_regex: str = "storage.*"
+    #: How long a checkpoint directory may fail the probe before warning (a remount takes a moment).
+    storage_failing_for: str = "5m"
     #: How long a collector may fail before warning (one bad scrape is noise).
     collector_failing_for: str = "10m"
 
@@ -213,6 +213,7 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         checkpoint_missing_for="0s",
         storage_probe_window="30s",
         storage_probe_for="10s",
+        storage_failing_for="5s",
         collector_failing_for="10s",
         xid_window="1m",
         gpu_down_for="5s",

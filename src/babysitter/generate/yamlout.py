@@ -18,6 +18,8 @@ __all__ = ["YamlValue", "dump"]
 YamlValue = object
 
 _PLAIN = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./@-]*$")
+#: Characters YAML does not allow raw in a document (JSON already escapes those below 0x20).
+_NON_PRINTABLE = re.compile("[\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
 _RESERVED = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"}
 
 
@@ -38,13 +40,19 @@ def _scalar(value: object) -> str:
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
             raise ValueError(f"cannot write {value!r} as YAML")
-        return repr(value)
+        text = repr(value)
+        if "e" in text and "." not in text.split("e")[0]:  # YAML 1.1 floats need a dot: 1e+20 -> 1.0e+20
+            mantissa, exponent = text.split("e")
+            text = f"{mantissa}.0e{exponent}"
+        return text
     if isinstance(value, str):
-        if _PLAIN.match(value) and value.lower() not in _RESERVED:
+        if _PLAIN.fullmatch(value) and value.lower() not in _RESERVED:
             return value
-        if "'" not in value and value.isprintable():  # PromQL reads better without escaped quotes
+        if (
+            "'" not in value and value.isascii() and value.isprintable() and value == value.strip()
+        ):  # PromQL reads better without escaped quotes
             return f"'{value}'"
-        return json.dumps(value, ensure_ascii=False)
+        return _NON_PRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False))
     raise TypeError(f"cannot write {type(value).__name__} as YAML")
 
 
@@ -58,7 +66,7 @@ def _literal(text: str, indent: int) -> list[str] | None:
     """Lines of a ``|-`` literal block, or None when the text cannot round-trip as one."""
     if "\n" not in text or text != text.strip() or any(line != line.rstrip() for line in text.split("\n")):
         return None
-    if "\t" in text or "\r" in text:
+    if not text.replace("\n", "").isprintable():
         return None
     pad = " " * indent
     return ["|-", *[pad + line if line else "" for line in text.split("\n")]]
@@ -79,7 +87,9 @@ def _inline(value: object, indent: int) -> tuple[str, list[str]]:
 
 def _emit(value: object, indent: int, lines: list[str]) -> None:
     pad = " " * indent
-    if isinstance(value, Mapping):
+    if not _is_block(value) and not isinstance(value, str) and isinstance(value, (Mapping, Sequence)):
+        lines.append(pad + ("{}" if isinstance(value, Mapping) else "[]"))
+    elif isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):
                 raise TypeError(f"mapping keys must be strings, got {key!r}")
