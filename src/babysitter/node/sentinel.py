@@ -175,13 +175,13 @@ def run_name(run_dir: Path) -> str | None:
 
 
 class CheckpointSentinelCollector:
-    """The ``checkpoint`` collector: verifies the last ``keep_last`` checkpoints of each run directory.
+    """The ``sentinel`` collector: verifies the last ``keep_last`` checkpoints of each run directory.
 
     ``read_ledger`` replaces :func:`babysitter.ledger.completed_checkpoints` (for tests and other
     manifest formats); ``clock`` is wall time (ledger times are Unix seconds).
     """
 
-    name = "checkpoint"
+    name = "sentinel"
 
     def __init__(
         self,

@@ -54,6 +54,7 @@ SOURCES = ("kmsg", "nvml")
 _MAX_XID = 100_000  # codes are < 200 today; anything larger is corrupt data, not a new label value
 _MAX_SERIES = 4096
 _WAIT_MS = 500
+_LOG_EVERY = 60.0  # seconds between log lines for one GPU and Xid code
 
 #: NVML device handle address -> label values (gpu, uuid, pci_bus_id, model) read at registration.
 _Devices = dict[int | None, tuple[str, str, str, str]]
@@ -136,6 +137,7 @@ class XidCollector:
         self._threads: list[threading.Thread] = []
         self._started = False
         self._overflow_logged = False
+        self._logged: dict[tuple[str, int], tuple[float | None, int]] = {}
         self.follower: KernelLogFollower | None = None
         if kmsg_path is not None:
             self.follower = KernelLogFollower(
@@ -213,8 +215,27 @@ class XidCollector:
                     log.warning("babysitter: more than %d Xid series; new ones are dropped", _MAX_SERIES)
                 return
             self._counts[series] = self._counts.get(series, 0) + 1
+        self._log_xid(source, xid, series[5], labels)
+
+    def _log_xid(self, source: str, xid: int, action: str, labels: tuple[str, str, str, str]) -> None:
+        """One line per GPU and Xid code per minute at most: an Xid storm must not flood the log."""
+        key = (labels[2] or labels[1], xid)
+        now = self._clock()
+        with self._lock:
+            last, suppressed = self._logged.get(key, (None, 0))
+            if last is not None and now - last < _LOG_EVERY:
+                self._logged[key] = (last, suppressed + 1)
+                return
+            self._logged[key] = (now, 0)
+        more = f" (+{suppressed} more since the last line)" if suppressed else ""
         log.info(
-            "babysitter: Xid %d (%s) on GPU %r bus %s via %s", xid, series[5], labels[0], labels[2], source
+            "babysitter: Xid %d (%s) on GPU %r bus %s via %s%s",
+            xid,
+            action,
+            labels[0],
+            labels[2],
+            source,
+            more,
         )
 
     def _set_status(self, source: str, ok: bool, reason: str) -> None:
