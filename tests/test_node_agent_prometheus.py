@@ -34,7 +34,12 @@ TRACKER = textwrap.dedent(
     import sys, time
     import babysitter
     t = babysitter.watch(run="node-itest", tokens_per_step=4096, flops_per_token=6e6, peak_flops=1e12,
-                         port=0, registry_dir=sys.argv[1], ledger=False, flush_interval=0.2)
+                         port=0, registry_dir=sys.argv[1], run_dir=sys.argv[2], flush_interval=0.2)
+    t.step()
+    ckpt = sys.argv[2] + "/ckpt-1.pt"
+    with t.checkpoint_save(step=1, nbytes=1000, path=ckpt):
+        with open(ckpt, "wb") as f:
+            f.write(bytes(1000))
     print(t.metrics_url, flush=True)
     while True:
         time.sleep(0.02)
@@ -48,6 +53,7 @@ EXPECTED_NODE = {
     spec.name for spec in N.METRICS if spec not in (N.GPU_RETIRED_PAGES, N.GPU_RETIRED_PAGES_PENDING)
 }
 EXPECTED_STORAGE = {ST.STORAGE_PROBE_WRITE.name, ST.STORAGE_PROBE_FSYNC.name, ST.STORAGE_FREE.name}
+EXPECTED_SENTINEL = {ST.CHECKPOINT_MISSING.name}
 
 
 def _has(module: str) -> bool:
@@ -56,8 +62,9 @@ def _has(module: str) -> bool:
 
 def test_prometheus_scrapes_agent_and_faults_are_visible(tmp_path: Path) -> None:
     """Every agent family reaches Prometheus; a lost GPU and a dead tracker each give a metric and a log line."""
-    reg, ckpt, klog = tmp_path / "reg", tmp_path / "ckpt", tmp_path / "kern.log"
+    reg, ckpt, klog, run_dir = tmp_path / "reg", tmp_path / "ckpt", tmp_path / "kern.log", tmp_path / "run"
     ckpt.mkdir()
+    run_dir.mkdir()
     scenario = tmp_path / "scenario.json"
     scenario.write_text(
         json.dumps(
@@ -83,14 +90,20 @@ def test_prometheus_scrapes_agent_and_faults_are_visible(tmp_path: Path) -> None
     storage = _has("babysitter.node.storage")
     if storage:
         argv += ["--storage-path", str(ckpt), "--storage-interval", "1", "--storage-size", "4096"]
+    sentinel = _has("babysitter.node.sentinel")
+    if sentinel:
+        argv += ["--checkpoint-run-dir", str(run_dir), "--checkpoint-interval", "1"]
     agent_log = (tmp_path / "agent.log").open("wb")
     agent = subprocess.Popen(argv, stdout=agent_log, stderr=subprocess.STDOUT)
-    tracker = subprocess.Popen([sys.executable, "-c", TRACKER, str(reg)], stdout=subprocess.PIPE)
+    tracker = subprocess.Popen(
+        [sys.executable, "-c", TRACKER, str(reg), str(run_dir)], stdout=subprocess.PIPE
+    )
     try:
         address = read_port_file(tmp_path / "addr", timeout=30)
         with PrometheusServer(tmp_path, targets=[address], scrape_interval="1s") as prom:
             prom.wait_for("up == 1")
             expected = EXPECTED_NODE | (EXPECTED_STORAGE if storage else set())
+            expected |= EXPECTED_SENTINEL if sentinel else set()
             expected |= {T.STEPS.name, T.MFU.name, S.BUILD_INFO.name}
 
             def missing() -> set[str]:
@@ -112,6 +125,11 @@ def test_prometheus_scrapes_agent_and_faults_are_visible(tmp_path: Path) -> None
             assert prom.query_value(f'max_over_time({N.GPU_UP.name}{{gpu="1"}}[2m])') == 1  # was up before
             assert prom.query_value(f'{N.GPU_UP.name}{{gpu="0"}}') == 1
             prom.wait_for(f'{N.GPU_XID_ERRORS.name}{{gpu="1",xid="79"}} == 1', timeout=15)
+
+            if sentinel:  # a checkpoint the ledger lists disappears
+                prom.wait_for(f'{ST.CHECKPOINT_MISSING.name}{{run="node-itest",step="1"}} == 0', timeout=15)
+                (run_dir / "ckpt-1.pt").unlink()
+                prom.wait_for(f'{ST.CHECKPOINT_MISSING.name}{{run="node-itest",step="1"}} == 1', timeout=15)
 
             # Fault 2: the tracker dies without unregistering.
             tracker.send_signal(signal.SIGKILL)

@@ -82,6 +82,7 @@ class AgentConfig:
     storage_size: int = 1024 * 1024
     checkpoint_run_dir: list[Path] = field(default_factory=list)
     checkpoint_keep_last: int = 3
+    checkpoint_interval: float = 30.0
     collector_timeout: float = 10.0
     collectors: dict[str, bool] = field(default_factory=dict)
 
@@ -129,6 +130,7 @@ _HELP: dict[str, str] = {
     "storage_size": "bytes written by each storage probe (default 1 MiB)",
     "checkpoint_run_dir": "run directory whose ledger the checkpoint sentinel verifies (repeatable)",
     "checkpoint_keep_last": "how many of the newest checkpoints the sentinel verifies (default 3)",
+    "checkpoint_interval": "seconds between checkpoint sentinel passes (default 30)",
     "collector_timeout": "seconds one collector may take before it is reported failed (default 10)",
 }
 
@@ -325,6 +327,7 @@ def _validate(c: AgentConfig) -> None:
         ("trainer timeout", c.trainer_timeout),
         ("storage interval", c.storage_interval),
         ("collector timeout", c.collector_timeout),
+        ("checkpoint interval", c.checkpoint_interval),
     ):
         if not value > 0:
             raise ConfigError(f"{name} must be positive, got {value}")

@@ -107,7 +107,11 @@ def build(config: AgentConfig) -> Running:
                 "CheckpointSentinelCollector",
                 config,
                 "sentinel",
-                lambda cls: cls(config.checkpoint_run_dir, keep_last=config.checkpoint_keep_last),
+                lambda cls: cls(
+                    config.checkpoint_run_dir,
+                    keep_last=config.checkpoint_keep_last,
+                    refresh_seconds=config.checkpoint_interval,
+                ),
             )
             if sentinel is not None:
                 collectors.append(sentinel)
