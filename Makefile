@@ -1,0 +1,49 @@
+# The two set-up commands of the README:
+#   make demo   — builds the environment and runs `babysitter demo` (a real run babysat end to end)
+#   make test   — builds the environment and runs every check CI runs (ruff, mypy, generate --check, pytest)
+# Both work on a fresh Debian machine as root (or with sudo for the apt step).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch; pinned so pip never resolves an open range to a multi-GB CUDA build.
+TORCH ?= torch==2.13.0
+
+.PHONY: env system-packages test lint typecheck generate-check pytest demo clean
+
+system-packages:
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
+	    || ! command -v prometheus-alertmanager >/dev/null; then \
+	  echo "installing Prometheus, promtool and Alertmanager from the OS packages"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus prometheus-alertmanager >/dev/null; \
+	fi
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+env: $(BIN)/python
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[test]"
+
+lint: env
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: env
+	$(BIN)/mypy
+
+generate-check: env
+	$(BIN)/babysitter generate --check
+
+pytest: env system-packages
+	$(BIN)/pytest -q
+
+test: lint typecheck generate-check pytest
+
+demo: env system-packages
+	$(BIN)/babysitter demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
