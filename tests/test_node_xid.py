@@ -109,6 +109,22 @@ class TestNvml:
         wait_for(lambda: "nvml" in c.source_status())
         assert c.source_status()["nvml"] == (False, "no GPU supports Xid events")
 
+    def test_xid_storm_logs_one_line_per_gpu_and_code_per_minute(self, lib: FakeNvml, make, caplog) -> None:
+        now = [1000.0]
+        with caplog.at_level(logging.INFO, logger="babysitter.node.xid"):
+            c = make(gpus=lambda: identities(lib), kmsg_path=None, nvml=lib, clock=lambda: now[0])
+            wait_for(lambda: c.source_status().get("nvml") == (True, ""))
+            for _ in range(50):
+                lib.inject_event(0, XID_EVENT, 13)
+            lib.inject_event(1, XID_EVENT, 13)
+            wait_for(lambda: total(c) == 51)
+            now[0] += 61
+            lib.inject_event(0, XID_EVENT, 13)
+            wait_for(lambda: total(c) == 52)
+        lines = [r.getMessage() for r in caplog.records if "Xid 13" in r.getMessage()]
+        assert len(lines) == 3, lines
+        assert "(+49 more since the last line)" in lines[2]
+
     def test_nvml_reference_released_on_close(self, lib: FakeNvml) -> None:
         c = XidCollector(gpus=lambda: identities(lib), kmsg_path=None, nvml=lib)
         c.start()
