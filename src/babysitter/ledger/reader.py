@@ -7,8 +7,11 @@ own newline); *invalid* when it is JSON but not a record this version understand
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,13 +62,21 @@ def _parse(data: bytes, only: bytes | None = None) -> LedgerFile:
     return out
 
 
+def _read_regular(path: Path) -> bytes:
+    """The file's bytes; OSError when it is not a regular file (a device or FIFO never ends)."""
+    with path.open("rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "the ledger is not a regular file", str(path))
+        return f.read()
+
+
 def read_ledger(path: Path) -> LedgerFile:
     """All readable records of the ledger at ``path`` (an empty ledger when the file does not exist).
 
     Raises OSError only when the file exists but cannot be read.
     """
     try:
-        data = path.read_bytes()
+        data = _read_regular(path)
     except FileNotFoundError:
         return LedgerFile()
     return _parse(data)
@@ -91,7 +102,7 @@ def completed_checkpoints(run_dir: Path, *, file_name: str = DEFAULT_FILE_NAME) 
     only when the ledger exists but cannot be read.
     """
     try:
-        data = (run_dir / file_name).read_bytes()
+        data = _read_regular(run_dir / file_name)
     except FileNotFoundError:
         return []
     parsed = _parse(data, only=b'"k":"cke"')

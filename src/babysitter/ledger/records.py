@@ -23,6 +23,7 @@ Every line carries ``"v"`` (schema version) and ``"k"`` (kind). Kinds:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -160,6 +161,14 @@ def _opt_str(value: object) -> str | None:
     return None if value is None else _cut(str(value))
 
 
+def _info_value(value: object) -> object:
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return _cut(str(value))
+
+
 def _line(obj: dict[str, object]) -> bytes:
     return (json.dumps(obj, separators=(",", ":"), ensure_ascii=True, allow_nan=False) + "\n").encode()
 
@@ -174,12 +183,13 @@ def encode(record: Record) -> bytes:
         first = record.steps[0]
         if any(step != first + i for i, step in enumerate(record.steps)):
             head["ss"] = list(record.steps)
-        head.update(dw=record.data_wait, mf=record.model_flops, pk=record.peak_flops)
+        flops = record.model_flops if math.isfinite(record.model_flops) else 0.0
+        peak = record.peak_flops
+        head.update(
+            dw=record.data_wait, mf=flops, pk=peak if peak is not None and math.isfinite(peak) else None
+        )
     elif isinstance(record, Start):
-        info = {
-            _cut(str(k)): v if isinstance(v, int | float | bool) or v is None else _cut(str(v))
-            for k, v in record.info.items()
-        }
+        info = {_cut(str(k)): _info_value(v) for k, v in record.info.items()}
         head.update(
             k="start",
             t=record.t,

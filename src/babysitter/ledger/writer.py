@@ -126,6 +126,7 @@ class LedgerWriter:
         self._last_write = time.monotonic()
         self._last_heartbeat = 0.0
         self._can_write = True
+        self._failing = False
 
         with contextlib.suppress(OSError):
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -163,8 +164,9 @@ class LedgerWriter:
     # ----------------------------------------------------------------- errors
 
     def _error(self, op: str, exc: BaseException) -> None:
+        """Count a failure; the first one is logged as a warning, the rest at debug level."""
         self._errors[op] = self._errors.get(op, 0) + 1
-        if op not in self._warned:
+        if not self._warned:
             self._warned.add(op)
             log.warning(
                 "babysitter: goodput ledger %s: %s failed (%s: %s); training goes on, records are kept "
@@ -176,7 +178,7 @@ class LedgerWriter:
                 G.LEDGER_WRITE_ERRORS.name,
             )
         else:
-            log.debug("babysitter: ledger %s failed again: %s", op, exc)
+            log.debug("babysitter: ledger %s failed: %s", op, exc)
 
     def _post(self, item: Record | _Pending, *, now: bool = False) -> None:
         with self._inbox_lock:
@@ -408,15 +410,22 @@ class LedgerWriter:
         if not records and mono - self._last_write >= self._alive_interval and self.timeline.incarnations:
             records = [Alive(t=to_us(time.time()))]
         if records:
-            with self._state_lock:
-                self.timeline.extend(records)
+            lines: list[bytes] = []
+            kept: list[Record] = []
             for record in records:
-                self._unwritten += encode(record)
+                try:
+                    lines.append(encode(record))
+                    kept.append(record)
+                except (ValueError, TypeError) as exc:
+                    self._error("encode", exc)
+            with self._state_lock:
+                self.timeline.extend(kept)
+            self._unwritten += b"".join(lines)
             self._bound_buffer()
         if mono - self._last_heartbeat >= self._heartbeat_interval:
             self._heartbeat(mono)
         durable = self._durable_wanted or self._closing
-        if self._unwritten and self._can_write:
+        if self._unwritten and self._can_write and self._lock.held:
             self._durable_wanted = False
             self._write(durable=durable)
 
@@ -458,12 +467,16 @@ class LedgerWriter:
             self._need_newline = False
             del self._unwritten[: len(data)]
             self._last_write = time.monotonic()
+            if self._failing:
+                self._failing = False
+                log.info("babysitter: goodput ledger %s: writes work again", self.path)
             if durable:
                 try:
                     os.fsync(fd)
                 except OSError as exc:
                     self._error("fsync", exc)
         except OSError as exc:
+            self._failing = True
             self._error("write", exc)
             done = max(0, written - len(prefix))
             if done:
