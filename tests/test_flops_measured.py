@@ -223,3 +223,49 @@ def test_measure_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="token count"):
         measured.per_token()
     assert measured.per_token(3).model == measured.model / 3
+
+
+def _meta_model(config: dict[str, Any]) -> Any:
+    cfg = transformers.AutoConfig.for_model(**{k: v for k, v in config.items() if not k.startswith("_")})
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(cfg)
+
+
+def _config(name: str) -> dict[str, Any]:
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parent / "data" / "configs" / f"{name}.json").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def test_full_size_llama_on_meta_device() -> None:
+    """Llama-2-7B at 4096 tokens, counted on the meta device (no memory, no weights): the analytic
+    46.08 GFLOP per token agree with the counter."""
+    cfg = _config("llama-2-7b")
+    model = _meta_model(cfg)
+    ids = torch.zeros(1, 4096, dtype=torch.long, device="meta")
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+
+    measured = F.measure(model, step, tokens=4096).per_token()
+    assert measured.model == pytest.approx(F.estimate(cfg, seq_len=4096).model, rel=TOLERANCE)
+
+
+def test_sliding_window_measured_as_dense_masked_attention() -> None:
+    """Mistral-7B at 8192 tokens (window 4096): SDPA with a window mask computes all 8192 keys, so the
+    counter matches the estimate *without* the window, 13% above the windowed (useful-work) estimate."""
+    cfg = _config("mistral-7b-v0.1")
+    model = _meta_model(cfg)
+    ids = torch.zeros(1, 8192, dtype=torch.long, device="meta")
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+
+    measured = F.measure(model, step, tokens=8192).per_token().model
+    windowed = F.estimate(cfg, seq_len=8192).model
+    unwindowed = F.estimate(dict(cfg, sliding_window=None), seq_len=8192).model
+    assert measured == pytest.approx(unwindowed, rel=0.01)
+    assert measured > 1.1 * windowed
