@@ -486,3 +486,42 @@ def test_import_does_not_import_torch() -> None:
     """The core never imports torch: a CPU-only agent or a JAX user pays nothing for it."""
     code = "import babysitter, babysitter.cli, sys; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+class TestExtensionPoints:
+    def test_step_age_and_recent_durations_exclude_pauses(self, make_tracker: Any, clock: FakeClock) -> None:
+        """The watchdog's view: age since the last step and recent step times, without checkpoint time."""
+        tracker = make_tracker()
+        tracker.step()
+        for seconds in (1.0, 2.0, 3.0):
+            clock.advance(seconds)
+            tracker.step()
+        with tracker.checkpoint_save(step=4):
+            clock.advance(100.0)
+            assert tracker.seconds_since_last_step() is None  # a checkpoint is not a hang
+        clock.advance(5.0)
+        assert tracker.seconds_since_last_step() == pytest.approx(5.0)
+        assert tracker.recent_step_seconds(2) == [pytest.approx(2.0), pytest.approx(3.0)]
+
+    def test_hooks_and_metric_sources_are_guarded(self, make_tracker: Any) -> None:
+        """A failing hook or metrics source is counted; the others still run and render."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        tracker = make_tracker()
+        seen: list[int] = []
+        tracker.add_housekeeping_hook(lambda t: 1 / 0)
+        tracker.add_housekeeping_hook(lambda t: seen.append(t.steps))
+        tracker.add_metrics_source(lambda names, values: [][0])
+
+        def source(names: list[str], values: list[str]) -> list[Any]:
+            family = GaugeMetricFamily("ext_test_gauge", "test", labels=names)
+            family.add_metric(values, 7.0)
+            return [family]
+
+        tracker.add_metrics_source(source)
+        tracker.step()
+        tracker.housekeep()
+        assert seen == [1]
+        assert _sample(tracker, "ext_test_gauge") == 7.0
+        assert tracker.errors.counts()["housekeeping_hook"] == 1
+        assert tracker.errors.counts()["metrics_source"] >= 1

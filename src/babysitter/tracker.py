@@ -178,7 +178,9 @@ class Tracker:
         self._ckpt_last_success: float | None = None
         self._ckpt_failures = 0
         self._phase_ns: dict[str, int] = {}
-        self._active_pause = 0
+        self._active_pauses = 0  # checkpoints/phases under way (the step clock is paused)
+        self._housekeeping_hooks: list[Callable[[Tracker], None]] = []
+        self._metrics_sources: list[Callable[[list[str], list[str]], Iterable[Any]]] = []
         self._closed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -322,6 +324,7 @@ class Tracker:
         return step
 
     def _checkpoint_begin(self, handle: CheckpointHandle) -> None:
+        self._active_pauses += 1
         try:
             self._events.checkpoint_begin(
                 kind=handle.kind,  # type: ignore[arg-type]
@@ -333,6 +336,7 @@ class Tracker:
             self.errors.record("ledger", exc)
 
     def _checkpoint_end(self, handle: CheckpointHandle, elapsed_ns: int, *, ok: bool) -> None:
+        self._active_pauses -= 1
         try:
             self._pause_ns += elapsed_ns
             seconds = elapsed_ns / 1e9
@@ -370,12 +374,14 @@ class Tracker:
             self.errors.record("checkpoint", exc)
 
     def _phase_begin(self, name: str) -> None:
+        self._active_pauses += 1
         try:
             self._events.phase_begin(name=name, time=time.time())
         except Exception as exc:
             self.errors.record("ledger", exc)
 
     def _phase_end(self, name: str, elapsed_ns: int) -> None:
+        self._active_pauses -= 1
         try:
             self._pause_ns += elapsed_ns
             with self._lock:
@@ -521,12 +527,57 @@ class Tracker:
         }
 
     def event_metrics(self, label_names: list[str], label_values: list[str]) -> Iterable[Any]:
-        """Metric families from the run-event sink (the ledger's goodput), guarded."""
+        """Metric families from the run-event sink (the ledger's goodput) and added sources, guarded."""
+        families: list[Any] = []
         try:
-            return list(self._events.metrics(label_names, label_values, time.time()))
+            families.extend(self._events.metrics(label_names, label_values, time.time()))
         except Exception as exc:
             self.errors.record("ledger_metrics", exc)
-            return []
+        for source in list(self._metrics_sources):
+            try:
+                families.extend(source(label_names, label_values))
+            except Exception as exc:
+                self.errors.record("metrics_source", exc)
+        return families
+
+    # ------------------------------------------ extension points (watchdog, stragglers, exporters)
+
+    def add_housekeeping_hook(self, hook: Callable[[Tracker], None]) -> None:
+        """Call ``hook(tracker)`` after every housekeeping pass (off the training thread, guarded)."""
+        self._housekeeping_hooks.append(hook)
+
+    def add_metrics_source(self, source: Callable[[list[str], list[str]], Iterable[Any]]) -> None:
+        """Add metric families to every scrape: ``source(label_names, label_values)``, guarded."""
+        self._metrics_sources.append(source)
+
+    def seconds_since_last_step(self) -> float | None:
+        """Host seconds since the newest step boundary (or since watch() before the first step),
+        not counting checkpoint and phase time; None while a checkpoint or phase is under way."""
+        if self._active_pauses > 0:
+            return None
+        n = self._n
+        if n == 0:
+            return (_perf_ns() - self._perf0 - self._pause_ns) / 1e9
+        j = (n - 1) & _MASK
+        return (_perf_ns() - self._r_t[j] - (self._pause_ns - self._r_pause[j])) / 1e9
+
+    def recent_step_seconds(self, limit: int = 100) -> list[float]:
+        """Host durations of up to ``limit`` most recent steps, oldest first, pauses excluded."""
+        n = self._n
+        count = max(0, min(limit, n - 1, _RING - 1))
+        r_t, r_pause = self._r_t, self._r_pause
+        out: list[float] = []
+        for i in range(n - count, n):
+            j, k = i & _MASK, (i - 1) & _MASK
+            out.append(max(0, (r_t[j] - r_t[k]) - (r_pause[j] - r_pause[k])) / 1e9)
+        return out
+
+    def record_hang(self, seconds_since_step: float) -> None:
+        """Tell the run ledger that no step finished for ``seconds_since_step`` (the watchdog's call)."""
+        try:
+            self._events.hang(time=time.time(), step=self._step, seconds_since_step=seconds_since_step)
+        except Exception as exc:
+            self.errors.record("ledger", exc)
 
     # --------------------------------------------------------- lifecycle
 
@@ -542,7 +593,7 @@ class Tracker:
             self.housekeep()
 
     def housekeep(self) -> None:
-        """One pass: fold the ring, read the loss. Never raises."""
+        """One pass: fold the ring, read the loss, run the hooks. Never raises."""
         try:
             with self._lock:
                 self._fold_locked()
@@ -553,6 +604,11 @@ class Tracker:
                     self._loss = None
         except Exception as exc:
             self.errors.record("housekeeping", exc)
+        for hook in list(self._housekeeping_hooks):
+            try:
+                hook(self)
+            except Exception as exc:
+                self.errors.record("housekeeping_hook", exc)
 
     def close(self, *, clean: bool = True) -> None:
         """Flush everything, close the ledger, stop serving metrics. Idempotent, never raises."""

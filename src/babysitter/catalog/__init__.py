@@ -6,13 +6,26 @@ Domain modules hold the entries (:mod:`.train`, :mod:`.goodput`, :mod:`.node`, :
 
 from __future__ import annotations
 
-from babysitter.catalog import goodput, node, probe, selfmon, storage, train
+from babysitter.catalog import goodput, node, probe, runtime, selfmon, storage, train
 from babysitter.catalog._spec import Kind, MetricSpec
 
-__all__ = ["ALL", "Kind", "MetricSpec", "by_name", "goodput", "node", "probe", "selfmon", "storage", "train"]
+__all__ = [
+    "ALL",
+    "Kind",
+    "MetricSpec",
+    "by_name",
+    "goodput",
+    "node",
+    "probe",
+    "runtime",
+    "selfmon",
+    "storage",
+    "train",
+]
 
 ALL: tuple[MetricSpec, ...] = (
     *train.METRICS,
+    *runtime.METRICS,
     *goodput.METRICS,
     *node.METRICS,
     *storage.METRICS,
