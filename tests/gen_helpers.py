@@ -45,11 +45,50 @@ GRAFANA_VARIABLES = {
 
 _NAME = re.compile(r"(?<![A-Za-z0-9_:\"'$.])([a-z_][a-z0-9_]*(?::[a-z0-9_]+)*)(?=\s*(?:\{|\[|\)|$|\s|,))")
 _PROMQL_WORDS = {
-    "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset", "bool",
-    "sum", "max", "min", "avg", "count", "quantile", "topk", "bottomk", "stddev", "stdvar", "count_values",
-    "rate", "increase", "irate", "delta", "changes", "time", "vector", "histogram_quantile", "clamp_min",
-    "clamp_max", "abs", "label_replace", "avg_over_time", "max_over_time", "min_over_time",
-    "quantile_over_time", "sum_over_time", "count_over_time", "label_values", "le", "inf", "nan",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "bool",
+    "sum",
+    "max",
+    "min",
+    "avg",
+    "count",
+    "quantile",
+    "topk",
+    "bottomk",
+    "stddev",
+    "stdvar",
+    "count_values",
+    "rate",
+    "increase",
+    "irate",
+    "delta",
+    "changes",
+    "time",
+    "vector",
+    "histogram_quantile",
+    "clamp_min",
+    "clamp_max",
+    "abs",
+    "label_replace",
+    "avg_over_time",
+    "max_over_time",
+    "min_over_time",
+    "quantile_over_time",
+    "sum_over_time",
+    "count_over_time",
+    "label_values",
+    "le",
+    "inf",
+    "nan",
 }
 
 
@@ -61,7 +100,9 @@ def require_promtool() -> None:
 
 def promtool(args: Sequence[str], cwd: Path, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
     """Run promtool with an argv list; never a shell."""
-    return subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def substitute_grafana(expr: str) -> str:
@@ -86,7 +127,9 @@ def dashboard_exprs(model: dict[str, Any]) -> list[tuple[str, str]]:
     ]
     for variable in model["templating"]["list"]:
         if variable["type"] == "query":
-            match = re.fullmatch(r"label_values\((.+),\s*([A-Za-z_][A-Za-z0-9_]*)\)", variable["query"]["query"])
+            match = re.fullmatch(
+                r"label_values\((.+),\s*([A-Za-z_][A-Za-z0-9_]*)\)", variable["query"]["query"]
+            )
             if match is None:
                 raise ValueError(f"variable {variable['name']}: not a label_values(selector, label) query")
             found.append((f"variable {variable['name']}", match.group(1)))
@@ -110,9 +153,13 @@ def referenced_names(expr: str) -> set[str]:
     """Identifiers in ``expr`` that look like series names (PromQL keywords and labels filtered out)."""
     without_strings = re.sub(r'"[^"]*"', '""', expr)
     without_matchers = re.sub(r"\{[^}]*\}", "{}", without_strings)
-    without_by = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", without_matchers)
+    without_by = re.sub(
+        r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", without_matchers
+    )
     names = {match.group(1) for match in _NAME.finditer(without_by)}
-    return {name for name in names if name not in _PROMQL_WORDS and not re.fullmatch(r"[0-9a-z]*[0-9][hms]", name)}
+    return {
+        name for name in names if name not in _PROMQL_WORDS and not re.fullmatch(r"[0-9a-z]*[0-9][hms]", name)
+    }
 
 
 def load_yaml(path: Path) -> Any:

@@ -29,7 +29,9 @@ class TestRender:
         """Dashboards, both rule files, one promtool test per alert, the metrics doc and the runbook index."""
         files = render(GenerateConfig())
         assert len([p for p in files if p.startswith("dashboards/")]) == 4
-        assert {"alerts/babysitter-rules.yaml", "alerts/babysitter-alerts.yaml", "docs/metrics.md"} <= set(files)
+        assert {"alerts/babysitter-rules.yaml", "alerts/babysitter-alerts.yaml", "docs/metrics.md"} <= set(
+            files
+        )
         alerts = yaml.safe_load(files["alerts/babysitter-alerts.yaml"])
         names = {rule["alert"] for group in alerts["groups"] for rule in group["rules"]}
         assert {Path(p).stem for p in files if p.startswith("alerts/tests/")} == names
@@ -61,7 +63,9 @@ class TestCheck:
         """`babysitter generate --check` passes on the repository: the committed output is current."""
         assert main(["generate", "--check", "--out", str(REPO)]) == 0, capsys.readouterr().out
 
-    def test_check_reports_changed_missing_and_extra(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def test_check_reports_changed_missing_and_extra(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         """--check exits 1 and names each stale file with its state and a diff."""
         files = render(GenerateConfig())
         write(tmp_path, files)

@@ -174,18 +174,35 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             (
                 Target(select(S.STORAGE_PROBE_WRITE, h), "{{instance}} {{path}} write"),
                 Target(select(S.STORAGE_PROBE_FSYNC, h), "{{instance}} {{path}} fsync"),
+                Target(select(S.STORAGE_PROBE_READ, h), "{{instance}} {{path}} read"),
+                Target(f"{select(S.STORAGE_PROBE_RUNNING, h)} > 0", "{{instance}} {{path}} running"),
             ),
             unit="s",
             min=0,
             red_above=cfg.storage_probe_slow_seconds,
             width=8,
-            description="A small write and fsync in each checkpoint directory, per host.",
+            description="A small write, fsync and read-back in each checkpoint directory, per host; "
+            "'running' grows while a probe hangs.",
+        ),
+        Panel(
+            "Storage probe up and errors",
+            (
+                Target(select(S.STORAGE_PROBE_UP, h), "{{instance}} {{path}} up"),
+                Target(
+                    f"sum by (instance, path, reason) "
+                    f"(increase({select(S.STORAGE_PROBE_ERRORS, h)}[{ri}])) > 0",
+                    "{{instance}} {{path}} {{reason}}",
+                ),
+            ),
+            min=0,
+            width=8,
         ),
         Panel(
             "Storage free",
-            (Target(select(S.STORAGE_FREE, h), "{{instance}} {{path}}"),),
-            unit="bytes",
+            (Target(f"{select(S.STORAGE_FREE, h)} / {select(S.STORAGE_SIZE, h)}", "{{instance}} {{path}}"),),
+            unit="percentunit",
             min=0,
+            max=1,
             width=8,
         ),
         Panel(
@@ -194,6 +211,25 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             min=0,
             width=8,
             description="Checkpoints the ledger says completed that are gone from disk.",
+        ),
+        Panel(
+            "Newest verified checkpoint age",
+            (Target(select(S.CHECKPOINT_NEWEST_VERIFIED_AGE, h), "{{run}}"),),
+            unit="s",
+            min=0,
+            width=8,
+            description="Age of the newest checkpoint the sentinel found intact on disk, per run.",
+        ),
+        Panel(
+            "Trainers served",
+            (
+                Target(select(N.TRAINER_SCRAPE_SUCCESS, h), "{{instance}} {{run}} rank {{rank}}"),
+                Target(select(N.TRAINERS, h), "{{instance}} registered"),
+            ),
+            min=0,
+            width=8,
+            description="Training processes the agent serves; success 0 means a registered trainer does not "
+            "answer (stopped or hung).",
         ),
         Panel("GPU up", (Target(select(N.GPU_UP, g), gpu),), min=0, max=1, width=8),
         Panel(
