@@ -511,7 +511,11 @@ class TestExtensionPoints:
         seen: list[int] = []
         tracker.add_housekeeping_hook(lambda t: 1 / 0)
         tracker.add_housekeeping_hook(lambda t: seen.append(t.steps))
-        tracker.add_metrics_source(lambda names, values: [][0])
+
+        def broken(names: list[str], values: list[str]) -> list[Any]:
+            raise KeyError("source broke")
+
+        tracker.add_metrics_source(broken)
 
         def source(names: list[str], values: list[str]) -> list[Any]:
             family = GaugeMetricFamily("ext_test_gauge", "test", labels=names)
