@@ -102,12 +102,34 @@ class TestNvml:
         wait_for(lambda: total(c) == 1)
         assert scrape(c).value(XID, gpu="1", xid="13") == 1
 
-    def test_no_gpu_supports_events_marks_source_down(self, lib: FakeNvml, make) -> None:
+    def test_no_gpu_supports_events_marks_source_down(self, lib: FakeNvml, make, caplog) -> None:
         for gpu in lib.gpus:
             gpu.unsupported.add("nvmlDeviceRegisterEvents")
-        c = make(gpus=lambda: identities(lib), kmsg_path=None, nvml=lib)
-        wait_for(lambda: "nvml" in c.source_status())
+        with caplog.at_level(logging.INFO, logger="babysitter.node.xid"):
+            c = make(gpus=lambda: identities(lib), kmsg_path=None, nvml=lib, nvml_retry_seconds=0.02)
+            wait_for(lambda: lib.calls.get("nvmlEventSetCreate", 0) >= 4)  # retried
         assert c.source_status()["nvml"] == (False, "no GPU supports Xid events")
+        assert len(caplog.records) == 3, [r.getMessage() for r in caplog.records]  # 2 GPUs + status, once
+
+    def test_driver_not_loaded_yet_is_retried(self, make) -> None:
+        class BootingNvml(FakeNvml):
+            loaded = False
+
+            def nvmlInitWithFlags(self, flags: int) -> None:
+                if not self.loaded:
+                    raise self.NVMLError(9)  # NVML_ERROR_DRIVER_NOT_LOADED
+                super().nvmlInitWithFlags(flags)
+
+        lib = BootingNvml(fake_gpus(2))
+        c = make(gpus=lambda: identities(lib), kmsg_path=None, nvml=lib, nvml_retry_seconds=0.02)
+        wait_for(lambda: "nvml" in c.source_status())
+        ok, reason = c.source_status()["nvml"]
+        assert not ok
+        assert "nvmlInit failed" in reason
+        lib.loaded = True
+        wait_for(lambda: c.source_status()["nvml"] == (True, ""))
+        lib.inject_event(0, XID_EVENT, 119)
+        wait_for(lambda: total(c, xid="119", action="reset_gpu") == 1)
 
     def test_xid_storm_logs_one_line_per_gpu_and_code_per_minute(self, lib: FakeNvml, make, caplog) -> None:
         now = [1000.0]

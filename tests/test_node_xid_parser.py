@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from babysitter.node import xid_catalog
+from babysitter.node.collector import normalize_pci_bus_id
 from babysitter.node.kmsg import KernelLogParser, XidEvent, parse_log
 
 DATA = Path(__file__).parent / "data" / "kmsg"
@@ -65,6 +66,11 @@ class TestDriverFormats:
         assert events[0].uuid == "GPU-3f1c2a9e-7b4d-4e2f-9a61-0c5d8e7f1a23"
         assert parser.forged == 1  # prio 12 = facility 1 (LOG_USER): a userspace write, not the driver
         assert parser.lost_records == 2  # seq 1204 -> 1207
+
+    def test_five_digit_pci_domain_behind_vmd(self) -> None:
+        event = KernelLogParser().feed("NVRM: Xid (PCI:10000:01:00): 79, GPU has fallen off the bus.")
+        assert event is not None
+        assert event.pci_bus_id == normalize_pci_bus_id("00010000:01:00.0")  # NVML's spelling
 
     def test_uuid_learned_from_an_earlier_line_applies_later(self) -> None:
         parser = KernelLogParser()

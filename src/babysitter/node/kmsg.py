@@ -52,7 +52,7 @@ _MAX_BUSES = 1024
 _FINGERPRINT = 64  # bytes before the read offset that must be unchanged for a file to be "the same"
 
 _KMSG_HEADER = re.compile(r"^(\d{1,10}),(\d{1,20}),(\d{1,20}),[^;]{0,64};")
-_BUS = r"([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"
+_BUS = r"([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"  # VMD domains have 5 digits
 _XID = re.compile(r"Xid \((?:PCI:)?" + _BUS + r"\): (\d{1,6}),(.*)$")
 _PID_NAME = re.compile(r"^\s*pid=([^,]{0,32}),\s*(?:name=([^,]{0,64}),\s?)?(.*)$")
 _GPU_AT = re.compile(r"GPU at PCI:" + _BUS + r": (GPU-[0-9a-fA-F-]{8,64})")
@@ -242,8 +242,7 @@ class KernelLogFollower:
                     poller.poll(int(self._poll * 1000))
                     continue
                 except OSError as exc:
-                    if exc.errno == errno.EPIPE:  # records overwritten before we read them
-                        self.parser.lost_records += 1
+                    if exc.errno == errno.EPIPE:  # overwritten before we read them (the seq gap counts them)
                         continue
                     raise
                 if not chunk:

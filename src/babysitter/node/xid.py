@@ -54,6 +54,7 @@ SOURCES = ("kmsg", "nvml")
 _MAX_XID = 100_000  # codes are < 200 today; anything larger is corrupt data, not a new label value
 _MAX_SERIES = 4096
 _WAIT_MS = 500
+_NVML_MAX_FAILURES = 8  # consecutive nvmlEventSetWait errors (not timeouts) before NVML is re-initialized
 _LOG_EVERY = 60.0  # seconds between log lines for one GPU and Xid code
 
 #: NVML device handle address -> label values (gpu, uuid, pci_bus_id, model) read at registration.
@@ -122,6 +123,7 @@ class XidCollector:
         nvml: Any | None = None,
         dedupe_window_seconds: float = 10.0,
         kmsg_retry_seconds: float = 30.0,
+        nvml_retry_seconds: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._gpus = gpus
@@ -129,6 +131,8 @@ class XidCollector:
         self._nvml = nvml
         self._clock = clock
         self._dedupe = XidDeduper(dedupe_window_seconds)
+        self._nvml_retry = float(nvml_retry_seconds)
+        self._nvml_warned: set[tuple[int, str]] = set()
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, ...], int] = {}
         self._seen = dict.fromkeys(SOURCES, 0)  # sightings per source, before dedupe
@@ -277,6 +281,17 @@ class XidCollector:
 
     # --- NVML --------------------------------------------------------------------------------------
     def _nvml_loop(self, stop: threading.Event) -> None:
+        """Run NVML sessions until stopped; a failed one (no driver yet, driver reloaded) is retried."""
+        while not stop.is_set():
+            try:
+                self._nvml_session(stop)
+            except Exception as exc:  # a bug: report it, never end the thread
+                log.exception("babysitter: NVML Xid event loop failed")
+                self._set_status("nvml", False, f"{type(exc).__name__}: {exc}")
+            stop.wait(self._nvml_retry)
+
+    def _nvml_session(self, stop: threading.Event) -> None:
+        """Init, register every GPU, wait for events; returns (status set) when NVML keeps failing."""
         nv: Any = self._nvml
         try:
             nv.nvmlInit()
@@ -300,18 +315,14 @@ class XidCollector:
                     continue
                 except nv.NVMLError as exc:
                     failures += 1
-                    if failures == 3:
-                        self._set_status("nvml", False, f"nvmlEventSetWait: {exc}")
-                    stop.wait(min(1.0 * failures, 10.0))
+                    if failures >= _NVML_MAX_FAILURES:
+                        self._set_status("nvml", False, f"nvmlEventSetWait keeps failing: {exc}")
+                        return  # start over: init again, register again
+                    stop.wait(min(0.1 * 2**failures, 5.0))
                     continue
-                if failures:
-                    failures = 0
-                    self._set_status("nvml", True, "")
+                failures = 0
                 if int(data.eventType) & int(nv.nvmlEventTypeXidCriticalError):
                     self._on_nvml(devices, nv, data.device, int(data.eventData))
-        except Exception as exc:
-            log.exception("babysitter: NVML Xid event loop failed")
-            self._set_status("nvml", False, f"{type(exc).__name__}: {exc}")
         finally:
             if event_set is not None:
                 try:
@@ -334,13 +345,23 @@ class XidCollector:
                 model = _text(nv.nvmlDeviceGetName(handle))
                 nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
             except nv.NVMLError_NotSupported:
-                log.info("babysitter: GPU %d does not support NVML Xid events; kernel log only", index)
+                self._warn_once(
+                    index, "not supported", logging.INFO, "does not support NVML Xid events; kernel log only"
+                )
                 continue
             except nv.NVMLError as exc:
-                log.warning("babysitter: cannot watch GPU %d for NVML Xid events: %s", index, exc)
+                self._warn_once(
+                    index, str(exc), logging.WARNING, f"cannot be watched for NVML Xid events: {exc}"
+                )
                 continue
             devices[_address(handle)] = (str(index), uuid, bus, model)
         return devices
+
+    def _warn_once(self, index: int, what: str, level: int, message: str) -> None:
+        """Log a GPU's registration problem once, not at every retry."""
+        if (index, what) not in self._nvml_warned:
+            self._nvml_warned.add((index, what))
+            log.log(level, "babysitter: GPU %d %s", index, message)
 
     def _on_nvml(self, devices: _Devices, nv: Any, handle: Any, xid: int) -> None:
         known = devices.get(_address(handle))
