@@ -91,7 +91,8 @@ class TestCollector:
             assert s.value(spec.name, path=path) > 0
         assert s.value(S.STORAGE_FREE.name, path=path) > 0
         assert s.value(S.STORAGE_SIZE.name, path=path) >= s.value(S.STORAGE_FREE.name, path=path)
-        assert s.find(S.STORAGE_PROBE_ERRORS.name) == []
+        errors = {x.labels["reason"]: x.value for x in s.samples if x.name == S.STORAGE_PROBE_ERRORS.name}
+        assert errors == dict.fromkeys(S.PROBE_ERROR_REASONS, 0.0)  # present from the start, at 0
         assert s.value(S.STORAGE_PROBE_RUNNING.name, path=path) >= 0
 
     def test_missing_directory_one_line_others_still_probed(self, tmp_path: Path, make, caplog) -> None:
@@ -99,7 +100,9 @@ class TestCollector:
         good.mkdir()
         with caplog.at_level(logging.INFO, logger="babysitter.node.storage"):
             c = make([gone, good], size_bytes=4096, interval_seconds=0.05)
-            wait_for(lambda: scrape(c).find(S.STORAGE_PROBE_ERRORS.name, path=str(gone))[:1] >= [3.0])
+            wait_for(
+                lambda: scrape(c).find(S.STORAGE_PROBE_ERRORS.name, path=str(gone), reason="missing") >= [3.0]
+            )
             s = scrape(c)
         assert s.value(S.STORAGE_PROBE_UP.name, path=str(gone)) == 0
         assert s.value(S.STORAGE_PROBE_ERRORS.name, path=str(gone), reason="missing") >= 3

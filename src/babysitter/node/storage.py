@@ -278,8 +278,10 @@ class StorageProbeCollector:
         for path, last, running_since, errors in snapshot:
             label = _label(path)
             add(S.STORAGE_PROBE_RUNNING, [label], 0.0 if running_since is None else now - running_since)
-            for reason, count in sorted(errors.items()):
-                add(S.STORAGE_PROBE_ERRORS, [label, reason], count)
+            # Every reason from the start, at 0: an error counter that first appears at 1 is invisible
+            # to increase() and rate() (they need a sample before the increment).
+            for reason in S.PROBE_ERROR_REASONS:
+                add(S.STORAGE_PROBE_ERRORS, [label, reason], errors.get(reason, 0))
             if last is None:
                 continue
             add(S.STORAGE_PROBE_UP, [label], 1.0 if last.ok else 0.0)
