@@ -253,3 +253,9 @@ class TestInputs:
             Architecture("x", vocab_size=1, hidden=1)
         with pytest.raises(ValueError, match="model <= hardware"):
             F.FlopsPerToken(model=2.0, hardware=1.0, source="x")
+
+
+def test_zero_sliding_window_means_none() -> None:
+    """Qwen2-MoE configs from transformers 5 write sliding_window=0 for no window: no error, no window."""
+    cfg = dict(load("qwen1.5-moe-a2.7b"), sliding_window=0, use_sliding_window=True, max_window_layers=0)
+    assert F.estimate(cfg, seq_len=4096).model == F.estimate(load("qwen1.5-moe-a2.7b"), seq_len=4096).model

@@ -84,7 +84,7 @@ def _gpt2(c: _Cfg) -> Architecture:
 
 def _layer_windows(c: _Cfg, n_layers: int) -> list[int | None]:
     """Per-layer sliding window: ``layer_types`` when the config lists them, else the model's rule."""
-    window = c.opt_int("sliding_window")
+    window = c.opt_int("sliding_window") or None  # some configs write 0 for "no window"
     types = c.data.get("layer_types")
     if isinstance(types, list) and len(types) == n_layers:
         return [window if t == "sliding_attention" else None for t in types]
