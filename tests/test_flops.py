@@ -7,6 +7,8 @@ import types
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from babysitter import flops as F
 from babysitter.flops import Architecture, Attention, Layer, Mlp, Moe, Stack
@@ -259,3 +261,32 @@ def test_zero_sliding_window_means_none() -> None:
     """Qwen2-MoE configs from transformers 5 write sliding_window=0 for no window: no error, no window."""
     cfg = dict(load("qwen1.5-moe-a2.7b"), sliding_window=0, use_sliding_window=True, max_window_layers=0)
     assert F.estimate(cfg, seq_len=4096).model == F.estimate(load("qwen1.5-moe-a2.7b"), seq_len=4096).model
+
+
+class TestKeysProperty:
+    @staticmethod
+    def brute_force(seq_len: int, window: int | None, prefix: int) -> float:
+        """Enumerate the visible keys of every query of a causal prefix-LM with a sliding window."""
+        seen = 0
+        for i in range(1, seq_len + 1):
+            visible = prefix if i <= prefix else i
+            seen += min(visible, window) if window else visible
+        return seen / seq_len
+
+    @given(
+        seq_len=st.integers(1, 300),
+        window=st.one_of(st.none(), st.integers(1, 400)),
+        prefix_frac=st.floats(0, 1),
+    )
+    @settings(max_examples=200, deadline=None)
+    def test_causal_halved_matches_enumeration(
+        self, seq_len: int, window: int | None, prefix_frac: float
+    ) -> None:
+        """The closed form for causal-halved keys equals enumerating every query's visible keys."""
+        prefix = int(prefix_frac * seq_len)
+        got = F.mean_keys_per_query(
+            seq_len, causal=True, causal_halved=True, window=window, prefix_len=prefix
+        )
+        assert got == pytest.approx(self.brute_force(seq_len, window, prefix), rel=1e-12)
+        full = F.mean_keys_per_query(seq_len, causal=True, window=window, prefix_len=prefix)
+        assert got <= full
