@@ -46,7 +46,10 @@ from babysitter.ledger.records import (
 )
 from babysitter.ledger.timeline import Timeline
 
-__all__ = ["LedgerWriter"]
+__all__ = ["ENV_FLUSH", "LedgerWriter"]
+
+#: Environment variable overriding the default flush interval (seconds).
+ENV_FLUSH = "BABYSITTER_LEDGER_FLUSH_SECONDS"
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,16 @@ _Pending = tuple[list[tuple[int, float]], float, float, float | None]
 
 def _finite(x: float) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"${name} must be a number of seconds, got {raw!r}") from None
 
 
 class LedgerWriter:
@@ -67,7 +80,8 @@ class LedgerWriter:
         run_dir: the run's directory on shared storage (created if missing).
         run: the run's name (recorded in every incarnation's start record).
         file_name: the ledger's file name inside ``run_dir``.
-        flush_interval: seconds between batched writes.
+        flush_interval: seconds between batched writes (default ``$BABYSITTER_LEDGER_FLUSH_SECONDS`` or
+            5): also the resolution of a crash's time of death, whose last seconds count as downtime.
         heartbeat_interval: seconds between lock heartbeats.
         stale_after: a lock on another host whose heartbeat is older than this is taken over.
         alive_interval: write a bare sign of life when nothing else was written for this long.
@@ -81,13 +95,15 @@ class LedgerWriter:
         *,
         run: str,
         file_name: str = DEFAULT_FILE_NAME,
-        flush_interval: float = 5.0,
+        flush_interval: float | None = None,
         heartbeat_interval: float = 10.0,
         stale_after: float = 60.0,
         alive_interval: float = 30.0,
         max_pending_bytes: int = 32 << 20,
         settle_seconds: float = 60.0,
     ) -> None:
+        if flush_interval is None:
+            flush_interval = _env_seconds(ENV_FLUSH, 5.0)
         if not isinstance(run, str) or not run:
             raise ValueError(f"run must be a non-empty string, got {run!r}")
         if not file_name or "/" in file_name or file_name in (".", "..") or "\x00" in file_name:

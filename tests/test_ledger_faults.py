@@ -1,0 +1,156 @@
+"""Fault injection: a real training loop (the real tracker and ledger writer) SIGKILLed at random
+moments, mid-step and mid-checkpoint, its newest checkpoint lost once, a torn line left once, and
+restarted each time. The ledger must stay readable, the accounting identity must hold exactly, and the
+lost progress must match what the child's own log says was computed again, within one step per crash.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from babysitter.ledger import completed_checkpoints, read_ledger, summarize
+from test_ledger_writer import wait_for
+
+CHILD = Path(__file__).with_name("test_ledger_child.py")
+STEP = 0.04
+SAVE = 0.12
+FLUSH = 0.02
+KILLS = 4
+
+
+def _spawn(run_dir: Path, truth: Path, total: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "BABYSITTER_LEDGER_FLUSH_SECONDS": str(FLUSH)}
+    argv = [
+        sys.executable,
+        str(CHILD),
+        "--run-dir",
+        str(run_dir),
+        "--truth",
+        str(truth),
+        "--total",
+        str(total),
+        "--step-seconds",
+        str(STEP),
+        "--save-seconds",
+        str(SAVE),
+    ]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _truth(path: Path) -> dict[str, object]:
+    resume = None
+    steps: list[tuple[int, float]] = []
+    saves: list[list[float]] = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) != 3:
+            continue  # a line cut by the kill
+        kind, value, t = parts[0], int(parts[1]), float(parts[2])
+        if kind == "resume":
+            resume = value
+        elif kind == "step":
+            steps.append((value, t))
+        elif kind == "save_begin":
+            saves.append([t, float("inf")])
+        elif kind == "save_end" and saves:
+            saves[-1][1] = t
+    return {"resume": resume, "steps": steps, "saves": saves}
+
+
+def _minus(a: float, b: float, holes: list[list[float]]) -> float:
+    """Length of [a, b] minus the parts covered by ``holes``."""
+    total = max(0.0, b - a)
+    for h0, h1 in holes:
+        total -= max(0.0, min(b, h1) - max(a, h0))
+    return total
+
+
+def test_sigkill_at_random_moments_keeps_the_ledger_exact(tmp_path: Path) -> None:
+    seed = int(os.environ.get("BABYSITTER_FAULT_SEED", time.time_ns() % 1_000_000))
+    rng = random.Random(seed)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    kill_times: list[float] = []
+    truths: list[Path] = []
+    torn_injected = 0
+    for i in range(KILLS):
+        truth = tmp_path / f"truth{i}"
+        truths.append(truth)
+        child = _spawn(run_dir, truth, total=100_000)
+        try:
+            wait_for(lambda: truth.exists() and b"resume" in truth.read_bytes(), timeout=20)  # noqa: B023
+            time.sleep(rng.uniform(0.15, 1.0))  # mid-step or mid-checkpoint, whatever it is doing
+            kill_times.append(time.time())
+            child.send_signal(signal.SIGKILL)
+        finally:
+            child.kill()
+            child.wait(timeout=10)
+        ckpts = sorted((p for p in (run_dir / "ckpt").glob("step_*")), key=lambda p: int(p.name[5:]))
+        if i == 1 and len(ckpts) >= 2:
+            ckpts[-1].unlink()  # the provider lost the newest checkpoint: resume from an older one
+        if i == 2:
+            ledger = run_dir / "babysitter-ledger.jsonl"
+            with ledger.open("ab") as f:  # as if the kill had hit in the middle of a ledger write
+                f.write(ledger.read_bytes()[-37:-5])
+            torn_injected += 1
+        time.sleep(rng.uniform(0.05, 0.3))  # downtime
+    # The last incarnation trains a few more steps and ends cleanly.
+    truth = tmp_path / "truth_final"
+    truths.append(truth)
+    done = max((s for t in truths[:-1] for s, _ in _truth(t)["steps"]), default=0)  # type: ignore[attr-defined]
+    child = _spawn(run_dir, truth, total=done + 6)
+    try:
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 0, err.decode()
+
+    ledger = read_ledger(run_dir / "babysitter-ledger.jsonl")
+    assert ledger.invalid_lines == 0
+    assert ledger.torn_lines <= torn_injected + KILLS  # at most one cut line per kill, plus ours
+    summary = summarize(run_dir)
+    acc = summary.totals
+    assert summary.state == "ended"
+    assert acc.restarts == KILLS
+    # The identity, exactly, in integer microseconds.
+    assert acc.productive_us + sum(acc.badput_us.values()) == acc.wall_us
+    assert acc.wall_us == acc.horizon_us - acc.start_us
+
+    # Truth: what each killed child computed after the step the runs after it resumed from.
+    parsed = [_truth(t) for t in truths]
+    resumes = [p["resume"] for p in parsed]
+    truth_lost = 0.0
+    for i in range(KILLS):
+        later = [r for r in resumes[i + 1 :] if r is not None]
+        threshold = min(later)
+        steps: list[tuple[int, float]] = parsed[i]["steps"]  # type: ignore[assignment]
+        if not steps:
+            continue
+        at = next((t for s, t in steps if s == threshold), None)
+        if at is None:
+            at = steps[0][1] if threshold < steps[0][0] else steps[-1][1]
+        truth_lost += _minus(at, kill_times[i], parsed[i]["saves"])  # type: ignore[arg-type]
+    ledger_lost = acc.badput_seconds["lost_progress"]
+    # The ledger cannot see a crash's last moments after its last flush (they count as downtime):
+    # at most one flush plus one housekeeping pass; and the kill can land anywhere in a step.
+    tolerance = KILLS * (STEP + 3 * FLUSH)
+    print(f"seed {seed}: lost progress ledger {ledger_lost:.3f} s, truth {truth_lost:.3f} s")
+    assert abs(ledger_lost - truth_lost) <= tolerance, (seed, ledger_lost, truth_lost)
+    assert truth_lost > 0
+
+    # The checkpoints the ledger calls complete were all really written.
+    saved = {s for p in parsed for s in [int(x) for x in []]}
+    begun = {
+        int(line.split()[1])
+        for t in truths
+        for line in t.read_text().splitlines()
+        if line.startswith("save_begin ")
+    }
+    assert {c.step for c in completed_checkpoints(run_dir)} <= begun
+    assert not saved
