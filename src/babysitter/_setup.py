@@ -147,7 +147,13 @@ def _flops(
         from babysitter import flops as flops_mod
     except ImportError:  # pragma: no cover - the flops package ships with babysitter
         return FlopsChoice(None, None, "unknown")
-    estimate = flops_mod.estimate(model, seq_len=seq_len)
+    try:
+        estimate = flops_mod.estimate(model, seq_len=seq_len)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"cannot derive FLOPs per token from the model: {exc}. Pass seq_len= (the training sequence "
+            "length) with a Hugging Face model or config, or flops_per_token= yourself"
+        ) from exc
     hardware = estimate.hardware
     if hardware_flops_per_token is not None:
         hardware = _positive_number("hardware_flops_per_token", hardware_flops_per_token)
