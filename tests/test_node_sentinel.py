@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from babysitter.catalog import storage as S
-from babysitter.ledger import DEFAULT_FILE_NAME, CheckpointRecord
+from babysitter.ledger import DEFAULT_FILE_NAME, CheckpointRecord, completed_checkpoints
 from babysitter.ledger.records import CheckpointEnd, Start, encode, to_us
 from babysitter.ledger.writer import LedgerWriter
-from babysitter.node.sentinel import CheckpointSentinelCollector, directory_size
+from babysitter.node.sentinel import CheckpointSentinelCollector, LedgerTail, directory_size
 from node_helpers import scrape
 
 MISSING = S.CHECKPOINT_MISSING.name
@@ -159,7 +159,7 @@ class TestDirectories:
         (ckpt / "latest").symlink_to(ckpt / "shards" / "rank0.distcp")  # not counted twice
         assert directory_size(ckpt) == 1000
         write_ledger(run_dir, "r", [(1000, T0 + 1000, 1000, str(ckpt))])
-        c = make([run_dir])
+        c = make([run_dir], walk_seconds=0.0)
         assert scrape(c).value(MISSING, step="1000") == 0
         (ckpt / "eval_results.json").write_text("{}")  # added after the save: fine
         assert scrape(c).value(MISSING, step="1000") == 0
@@ -167,6 +167,56 @@ class TestDirectories:
         assert scrape(c).value(MISSING, step="1000") == 1
         shutil.rmtree(ckpt)
         assert scrape(c).value(MISSING, step="1000") == 1
+
+    def test_directory_walks_are_cached_but_a_deleted_directory_is_seen_at_once(
+        self, run_dir: Path, make
+    ) -> None:
+        ckpt = run_dir / "global_step_5"
+        (ckpt / "shards").mkdir(parents=True)
+        for rank in range(4):
+            (ckpt / "shards" / f"rank{rank}.distcp").write_bytes(b"\x00" * 10)
+        write_ledger(run_dir, "r", [(5, T0 + 5, 40, str(ckpt))])
+        c = make([run_dir], walk_seconds=3600.0)
+        for _ in range(3):
+            assert scrape(c).value(MISSING, step="5") == 0
+        assert c.sizes.walks == 1
+        (ckpt / "shards" / "rank3.distcp").unlink()  # deep inside: seen at the next walk, not now
+        assert scrape(c).value(MISSING, step="5") == 0
+        shutil.rmtree(ckpt)  # the whole checkpoint: seen at once
+        assert scrape(c).value(MISSING, step="5") == 1
+
+
+class TestLedgerTail:
+    def test_same_answer_as_completed_checkpoints_while_the_ledger_grows(self, run_dir: Path) -> None:
+        ledger = run_dir / DEFAULT_FILE_NAME
+        tail = LedgerTail(ledger)
+        with pytest.raises(FileNotFoundError):
+            tail.read()
+        write_ledger(run_dir, "r", [(1, T0 + 1, 10, "a"), (2, T0 + 2, 20, "b")])
+        assert tail.read() == completed_checkpoints(run_dir)
+        with ledger.open("ab") as fh:  # a torn write: half a line, then the rest
+            line = encode(CheckpointEnd(t=to_us(T0 + 3), op="save", step=3, ok=True, nbytes=30, path="c"))
+            fh.write(line[:20])
+        assert tail.read() == completed_checkpoints(run_dir)
+        assert [r.step for r in tail.read()] == [1, 2]
+        with ledger.open("ab") as fh:
+            fh.write(line[20:])
+            fh.write(b'{"v":1,"k":"cke", not json\n')  # a torn line a later writer terminated
+            fh.write(encode(CheckpointEnd(t=to_us(T0 + 4), op="load", step=3, ok=True, nbytes=30, path="c")))
+        assert tail.read() == completed_checkpoints(run_dir)
+        assert [r.step for r in tail.read()] == [1, 2, 3]
+
+    def test_replaced_ledger_is_read_from_the_start(self, run_dir: Path) -> None:
+        write_ledger(run_dir, "r", [(1, T0 + 1, 10, "a"), (2, T0 + 2, 20, "b")])
+        tail = LedgerTail(run_dir / DEFAULT_FILE_NAME)
+        assert len(tail.read()) == 2
+        write_ledger(run_dir, "r", [(7, T0 + 7, 70, "z")])  # rewritten in place: shorter
+        assert tail.read() == completed_checkpoints(run_dir)
+        assert [r.step for r in tail.read()] == [7]
+        # rewritten in place and grown past where we were: the bytes before our offset differ
+        write_ledger(run_dir, "r2", [(s, T0 + s, s, f"p{s}") for s in (8, 9, 10, 11)])
+        assert [r.step for r in tail.read()] == [8, 9, 10, 11]
+        assert tail.read() == completed_checkpoints(run_dir)
 
 
 class TestLedgers:

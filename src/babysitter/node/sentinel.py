@@ -25,16 +25,24 @@ name in the ledger's first start record, or the directory's name when there is n
 The file system work runs on a worker thread that ``collect()`` wakes when the last check is older
 than ``refresh_seconds``; ``collect()`` waits for it at most ``wait_seconds`` and otherwise serves the
 previous result, so a hung mount never hangs the agent's scrape.
+
+**Load on shared storage.** Each pass reads only the ledger bytes appended since the last one
+(:class:`LedgerTail`), stats each checkpoint path, and walks a checkpoint directory again only when
+its top-level entry changed or ``walk_seconds`` (300 s) passed: a deleted checkpoint (file or whole
+directory) is flagged at the next pass, a shard lost inside a directory within ``walk_seconds``.
+One sentinel per run is enough; running it on every node of a job multiplies that load.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import stat
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,10 +52,13 @@ from prometheus_client.core import Metric
 
 from babysitter.catalog import storage as S
 from babysitter.labels import sanitize_value
+from babysitter.ledger import DEFAULT_FILE_NAME, CheckpointRecord
+from babysitter.ledger.records import CheckpointEnd, SchemaError, decode
 
 __all__ = [
     "CheckpointCheck",
     "CheckpointSentinelCollector",
+    "LedgerTail",
     "RunCheck",
     "directory_size",
     "run_name",
@@ -58,6 +69,8 @@ log = logging.getLogger(__name__)
 
 _MAX_WALK = 200_000  # files summed per checkpoint directory; beyond, only existence is checked
 _NAME_PROBE_BYTES = 1 << 20  # the run's name is in the ledger's first start record, near the top
+_TAIL_CHUNK = 16 << 20  # bytes of new ledger read at a time
+_MAX_CACHED_DIRS = 256
 
 
 class _Record(Protocol):
@@ -117,7 +130,11 @@ def directory_size(path: Path, limit: int = _MAX_WALK) -> int | None:
     return total
 
 
-def verify(run_dir: Path, record: _Record) -> CheckpointCheck:
+#: ``size(path, stat_result)`` of a checkpoint directory, None when too large to sum.
+DirectorySizer = Callable[[Path, os.stat_result], "int | None"]
+
+
+def verify(run_dir: Path, record: _Record, dir_size: DirectorySizer | None = None) -> CheckpointCheck:
     """Check one ledger record's checkpoint on disk (see the module doc for the rules)."""
     raw = record.path
     if not raw:
@@ -128,7 +145,7 @@ def verify(run_dir: Path, record: _Record) -> CheckpointCheck:
     try:
         st = os.stat(path)
         if stat.S_ISDIR(st.st_mode):
-            size = directory_size(path)
+            size = dir_size(path, st) if dir_size is not None else directory_size(path)
         elif stat.S_ISREG(st.st_mode):
             size = st.st_size
         else:
@@ -143,16 +160,100 @@ def verify(run_dir: Path, record: _Record) -> CheckpointCheck:
     return CheckpointCheck(record.step, raw, record.time, False)
 
 
-def _default_reader(run_dir: Path) -> Sequence[_Record]:
-    from babysitter.ledger import completed_checkpoints
-
-    return completed_checkpoints(run_dir)
-
-
 def _ledger_path(run_dir: Path) -> Path:
-    from babysitter.ledger import DEFAULT_FILE_NAME
-
     return run_dir / DEFAULT_FILE_NAME
+
+
+class LedgerTail:
+    """:func:`babysitter.ledger.completed_checkpoints` for a ledger read again and again.
+
+    A month-long ledger is tens of MB and every node of a job may run a sentinel: re-reading it every
+    pass would be a steady read load on the shared file system. This reads only what was appended
+    since the last pass (complete lines; a torn last line waits for its newline, a line that is not
+    JSON is skipped, as the ledger reader does) and starts over when the file is replaced or
+    truncated. It keeps the newest record of at most ``max_steps`` steps.
+    """
+
+    def __init__(self, path: Path, *, max_steps: int = 4096) -> None:
+        self.path = path
+        self._max_steps = max_steps
+        self._ino: int | None = None
+        self._offset = 0
+        self._tail = b""  # the last bytes before _offset, to notice a file rewritten in place
+        self._by_step: OrderedDict[int, CheckpointRecord] = OrderedDict()
+
+    def read(self) -> list[CheckpointRecord]:
+        """Completed saves, oldest first; FileNotFoundError when there is no ledger."""
+        with self.path.open("rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "the ledger is not a regular file", str(self.path))
+            # Replaced (new inode), truncated, or deleted and recreated on a reused inode (the bytes
+            # before our offset changed): read it from the start.
+            if (
+                st.st_ino != self._ino
+                or st.st_size < self._offset
+                or os.pread(fh.fileno(), len(self._tail), self._offset - len(self._tail)) != self._tail
+            ):
+                self._ino, self._offset, self._tail = st.st_ino, 0, b""
+                self._by_step.clear()
+            fh.seek(self._offset)
+            while True:
+                data = fh.read(_TAIL_CHUNK)
+                end = data.rfind(b"\n")
+                if end < 0:
+                    break
+                self._offset += end + 1
+                self._tail = (self._tail + data[: end + 1])[-64:]
+                self._parse(data[: end + 1])
+                fh.seek(self._offset)
+                if len(data) < _TAIL_CHUNK:
+                    break
+        return sorted(self._by_step.values(), key=lambda r: r.time)
+
+    def _parse(self, data: bytes) -> None:
+        for line in data.split(b"\n"):
+            if b'"k":"cke"' not in line:
+                continue
+            try:
+                record = decode(json.loads(line))
+            except (ValueError, SchemaError):
+                continue
+            if isinstance(record, CheckpointEnd) and record.op == "save" and record.ok:
+                self._by_step.pop(record.step, None)
+                self._by_step[record.step] = CheckpointRecord(
+                    step=record.step, path=record.path, nbytes=record.nbytes, time=record.t / 1_000_000
+                )
+                while len(self._by_step) > self._max_steps:
+                    self._by_step.popitem(last=False)
+
+
+class _SizeCache:
+    """Directory sizes, walked again only when the top directory changed or ``walk_seconds`` passed.
+
+    A sharded checkpoint has thousands of files; walking each of the last K every pass, on every
+    node, is a metadata storm on Lustre/NFS. Deleting the whole directory is still seen at once (the
+    top-level stat fails); a shard lost deep inside is seen within ``walk_seconds``.
+    """
+
+    def __init__(self, walk_seconds: float) -> None:
+        self.walk_seconds = walk_seconds
+        self.walks = 0
+        self._cache: dict[Path, tuple[int, int, float, int | None]] = {}
+
+    def size(self, path: Path, st: os.stat_result) -> int | None:
+        now = time.monotonic()
+        cached = self._cache.get(path)
+        if cached is not None:
+            ino, mtime, walked, size = cached
+            if ino == st.st_ino and mtime == st.st_mtime_ns and now - walked < self.walk_seconds:
+                return size
+        size = directory_size(path)
+        self.walks += 1
+        self._cache[path] = (st.st_ino, st.st_mtime_ns, now, size)
+        if len(self._cache) > _MAX_CACHED_DIRS:  # checkpoints that left the last K: forget the oldest
+            del self._cache[min(self._cache, key=lambda p: self._cache[p][2])]
+        return size
 
 
 def run_name(run_dir: Path) -> str | None:
@@ -190,20 +291,23 @@ class CheckpointSentinelCollector:
         keep_last: int = 3,
         refresh_seconds: float = 30.0,
         wait_seconds: float = 2.0,
+        walk_seconds: float = 300.0,
         read_ledger: Callable[[Path], Sequence[_Record]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {keep_last}")
-        if not refresh_seconds >= 0 or not wait_seconds >= 0:
-            raise ValueError("refresh_seconds and wait_seconds must be >= 0")
+        if not refresh_seconds >= 0 or not wait_seconds >= 0 or not walk_seconds >= 0:
+            raise ValueError("refresh_seconds, wait_seconds and walk_seconds must be >= 0")
         self.run_dirs = list(dict.fromkeys(Path(p) for p in run_dirs))
         if not self.run_dirs:
             raise ValueError("the checkpoint sentinel needs at least one run directory")
         self.keep_last = keep_last
         self._refresh = float(refresh_seconds)
         self._wait = float(wait_seconds)
-        self._read = read_ledger or _default_reader
+        self._read = read_ledger
+        self._tails = {d: LedgerTail(_ledger_path(d)) for d in self.run_dirs}
+        self.sizes = _SizeCache(float(walk_seconds))
         self._clock = clock
         self._names: dict[Path, str] = {}
         self._lock = threading.Lock()
@@ -298,16 +402,16 @@ class CheckpointSentinelCollector:
             if found:
                 self._names[run_dir] = name
         try:
-            records = list(self._read(run_dir))
+            records = list(self._read(run_dir) if self._read is not None else self._tails[run_dir].read())
+        except FileNotFoundError:
+            return RunCheck(run_dir, name, False, "no ledger in this directory")
         except OSError as exc:
             return RunCheck(run_dir, name, False, f"cannot read the ledger: {exc.strerror or exc}")
-        if not records and self._read is _default_reader and not _ledger_path(run_dir).exists():
-            return RunCheck(run_dir, name, False, "no ledger in this directory")
         newest: dict[int, _Record] = {}
         for record in records:  # newest last; a step saved again after a restart keeps its newest record
             newest[record.step] = record
         last = sorted(newest.values(), key=lambda r: r.time)[-self.keep_last :]
-        return RunCheck(run_dir, name, True, checks=[verify(run_dir, r) for r in last])
+        return RunCheck(run_dir, name, True, checks=[verify(run_dir, r, self.sizes.size) for r in last])
 
     def _log_changes(self, result: RunCheck) -> None:
         self._report(result.run_dir, "ledger", "" if result.ledger_ok else result.detail, result.run)
