@@ -165,7 +165,7 @@ def _export(tracker: Tracker, config: TrackerConfig) -> None:
     collector.requested_port = endpoint.requested_port
     tracker.metrics_url = endpoint.url
     tracker.add_close_hook(endpoint.close)
-    if endpoint.requested_port != 0 and endpoint.port != endpoint.requested_port:
+    if endpoint.requested_port not in (0, endpoint.port):
         tracker.errors.record(
             "port_in_use", f"port {endpoint.requested_port} taken, serving on {endpoint.port}"
         )
