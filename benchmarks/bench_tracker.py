@@ -4,7 +4,8 @@ Every contender does the same per-step bookkeeping: count the step, add the toke
 duration, set the last-step timestamp. They run interleaved in rounds so that machine noise hits all
 of them alike; the ratios are the result, the absolute numbers describe this machine only.
 
-    .venv/bin/python benchmarks/bench_tracker.py [--steps 200000] [--rounds 5] [--out benchmarks/results/tracker.md]
+    .venv/bin/python benchmarks/bench_tracker.py [--steps 200000] [--rounds 5] \
+        [--out benchmarks/results/tracker.md]
 """
 
 from __future__ import annotations
@@ -206,7 +207,8 @@ def main() -> None:
         "",
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         f"- Machine: {machine()}",
-        f"- Command: `.venv/bin/python benchmarks/bench_tracker.py --steps {args.steps} --rounds {args.rounds}`",
+        f"- Command: `.venv/bin/python benchmarks/bench_tracker.py --steps {args.steps} "
+        f"--rounds {args.rounds}`",
         f"- Timer overhead subtracted from per-call samples: {overhead} ns",
         "",
         "| contender | median ns/call | p99 ns/call | loop ns/call | ratio to cheapest alternative (loop) |",
@@ -224,7 +226,8 @@ def main() -> None:
         "",
         "Every contender does the same bookkeeping per step: step count, tokens, step-duration "
         "observation, last-step timestamp. babysitter's step() only stores the clock and counters in a "
-        "preallocated ring; the histogram is folded off the hot path, which is where the difference comes from.",
+        "preallocated ring; the histogram is folded off the hot path, which is where the difference "
+        "comes from.",
     ]
     report = "\n".join(lines) + "\n"
     print(report)
