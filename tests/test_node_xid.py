@@ -218,6 +218,17 @@ class TestKernelLog:
         missing.write_text("")  # it appears: the source recovers
         wait_for(lambda: c.source_status()["kmsg"] == (True, ""))
 
+    @pytest.mark.skipif(
+        getattr(N, "XID_SOURCE_UP", None) is None, reason="catalog/node.py does not define XID_SOURCE_UP yet"
+    )
+    def test_source_health_metric(self, lib: FakeNvml, tmp_path: Path, make) -> None:
+        c = make(gpus=lambda: identities(lib), kmsg_path=str(tmp_path / "none"), nvml=lib)
+        wait_for(lambda: len(c.source_status()) == 2)
+        s = scrape(c)
+        name = N.XID_SOURCE_UP.name  # type: ignore[attr-defined]
+        assert s.value(name, source="kmsg") == 0
+        assert s.value(name, source="nvml") == 1
+
     def test_directory_is_not_a_kernel_log(self, tmp_path: Path, make) -> None:
         c = make(gpus=list, kmsg_path=str(tmp_path))
         wait_for(lambda: "kmsg" in c.source_status())
