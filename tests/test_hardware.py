@@ -307,3 +307,42 @@ class TestDetect:
         entry = hw.peak_flops("bf16", device_name="NVIDIA H100 80GB HBM3")
         assert entry is not None
         assert entry.device == "H100 SXM"
+
+
+class TestDetectOtherStacks:
+    def test_rocm_torch_without_nvml(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """On ROCm (no NVML), torch's device name is read even before CUDA/HIP is initialized."""
+        cuda = types.SimpleNamespace(
+            is_initialized=lambda: False,
+            is_available=lambda: True,
+            current_device=lambda: 0,
+            get_device_name=lambda i: "AMD Instinct MI300X",
+        )
+        monkeypatch.setitem(
+            sys.modules, "torch", types.SimpleNamespace(cuda=cuda, version=types.SimpleNamespace(hip="6.2"))
+        )
+        nvml = FakeNvml([], init_fails=True)
+        assert hw.detect_device_name(nvml=nvml, environ={}) == "AMD Instinct MI300X"
+
+    def test_cuda_torch_not_initialized_is_not_touched(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """On CUDA torch that has not initialized CUDA, detection does not call into it (no CUDA init)."""
+
+        def boom(*_: object) -> str:
+            raise AssertionError("must not initialize CUDA")
+
+        cuda = types.SimpleNamespace(
+            is_initialized=lambda: False, is_available=boom, current_device=boom, get_device_name=boom
+        )
+        monkeypatch.setitem(
+            sys.modules, "torch", types.SimpleNamespace(cuda=cuda, version=types.SimpleNamespace(hip=None))
+        )
+        assert hw.detect_device_name(nvml=FakeNvml(["NVIDIA L4"]), environ={}) == "NVIDIA L4"
+
+    def test_jax_device_kind(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """With jax imported on a TPU VM, its device kind names the chip."""
+        device = types.SimpleNamespace(platform="tpu", device_kind="TPU v5 lite")
+        monkeypatch.setitem(sys.modules, "jax", types.SimpleNamespace(devices=lambda: [device]))
+        monkeypatch.delitem(sys.modules, "torch", raising=False)
+        name = hw.detect_device_name(nvml=FakeNvml([], init_fails=True), environ={})
+        assert name == "TPU v5 lite"
+        assert hw.canonical_device(name).device == "TPU v5e"
