@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from babysitter import registration
 from babysitter.catalog import node as N
@@ -175,3 +175,34 @@ def test_proxy_environment_is_ignored(
         collector.close()
     finally:
         t.stop()
+
+
+def test_trainer_cannot_speak_for_the_agent(
+    reg: Path, trainers: TrainersCollector, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A registered process exporting gpu_up (the agent's namespace) has that family dropped, once logged."""
+    t = Trainer(reg, "spoof", 0, 1)
+    Gauge("gpu_up", "fake", ["gpu"], registry=t.registry).labels("0").set(1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.trainers"):
+            s = scrape(trainers)
+            scrape(trainers)
+        assert s.find("gpu_up") == []
+        assert s.value("train_steps_total", run="spoof") == 1
+        assert len([r for r in caplog.records if "reserved for the node agent" in r.getMessage()]) == 1
+    finally:
+        t.stop()
+
+
+def test_endpoint_count_is_bounded(reg: Path) -> None:
+    """At most max_endpoints registrations are fetched per scrape."""
+    servers = [Trainer(reg, f"r{i}", i, 1) for i in range(3)]
+    try:
+        collector = TrainersCollector(reg, max_endpoints=2)
+        s = scrape(collector)
+        assert len(s.find(N.TRAINER_SCRAPE_SUCCESS.name)) == 2
+        assert len(s.find("train_steps_total")) == 2
+        collector.close()
+    finally:
+        for t in servers:
+            t.stop()

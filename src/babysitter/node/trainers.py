@@ -10,6 +10,11 @@ Failures stay local: an endpoint that does not answer (hung, port closed, garbag
 died has its registration dropped, one log line, and ``babysitter_trainer_registrations_dropped_total``
 goes up. Families of the same name from several ranks are merged by the agent (see
 :func:`babysitter.node.agent.merge_families`).
+
+The registration directory is shared by every user of the host, so what a trainer serves is bounded
+(``max_bytes`` per endpoint, ``max_endpoints`` per scrape) and may not speak for the agent: families
+in the agent's own namespaces (:data:`RESERVED_PREFIXES`: GPU health, storage, checkpoints, the
+agent's self-metrics) are dropped from trainer output, with one log line per name.
 """
 
 from __future__ import annotations
@@ -30,11 +35,21 @@ from prometheus_client.parser import text_string_to_metric_families
 from babysitter import registration
 from babysitter.catalog import node as N
 
-__all__ = ["TrainersCollector"]
+__all__ = ["RESERVED_PREFIXES", "TrainersCollector"]
 
 log = logging.getLogger(__name__)
 
 _MAX_LABEL = 128
+#: Metric name prefixes only the agent may export; a trainer's families with them are dropped.
+RESERVED_PREFIXES = (
+    "gpu_",
+    "storage_",
+    "checkpoint_",
+    "babysitter_collector_",
+    "babysitter_node_",
+    "babysitter_trainer",
+    "babysitter_gpu_",
+)
 
 
 def _clean(text: str) -> str:
@@ -57,7 +72,8 @@ class TrainersCollector:
         directory: Path,
         *,
         timeout: float = 2.0,
-        max_bytes: int = 16 * 1024 * 1024,
+        max_bytes: int = 4 * 1024 * 1024,
+        max_endpoints: int = 256,
         workers: int = 8,
         ca_file: str | None = None,
         name: str = "trainers",
@@ -68,6 +84,9 @@ class TrainersCollector:
         self.directory = directory
         self._timeout = timeout
         self._max_bytes = max_bytes
+        self._max_endpoints = max_endpoints
+        self._dropped_names: set[str] = set()
+        self._over_limit_logged = False
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="bs-trainers"
         )
@@ -89,6 +108,16 @@ class TrainersCollector:
         """The families of every live trainer plus per-endpoint success and duration."""
         with self._lock:
             endpoints = registration.list_endpoints(self.directory, prune=True)
+            if len(endpoints) > self._max_endpoints:
+                if not self._over_limit_logged:
+                    self._over_limit_logged = True
+                    log.warning(
+                        "babysitter: %d trainer endpoints registered in %s; serving the first %d",
+                        len(endpoints),
+                        self.directory,
+                        self._max_endpoints,
+                    )
+                endpoints = endpoints[: self._max_endpoints]
             self._forget_gone(endpoints)
             futures = [self._pool.submit(self._fetch, ep) for ep in endpoints]
             results = [f.result() for f in futures]
@@ -105,7 +134,7 @@ class TrainersCollector:
                 success.add_metric(list(labels), 0.0 if result.error else 1.0)  # type: ignore[attr-defined]
                 duration.add_metric(list(labels), result.seconds)  # type: ignore[attr-defined]
                 self._log_transition(ep, result.error)
-                out.extend(result.families)
+                out.extend(self._allowed(result.families, ep))
             trainers = GaugeMetricFamily(N.TRAINERS.name, N.TRAINERS.help)
             trainers.add_metric([], float(len(endpoints)))
             dropped = CounterMetricFamily(
@@ -117,6 +146,24 @@ class TrainersCollector:
     def close(self) -> None:
         """Stop the fetch threads."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _allowed(self, families: list[Metric], ep: registration.Endpoint) -> list[Metric]:
+        kept = []
+        for family in families:
+            if family.name.startswith(RESERVED_PREFIXES):
+                if family.name not in self._dropped_names and len(self._dropped_names) < 1000:
+                    self._dropped_names.add(family.name)
+                    log.warning(
+                        "babysitter: trainer run=%s rank=%s (pid %d) exports %s, a name reserved for the "
+                        "node agent; dropped",
+                        _clean(ep.run),
+                        ep.rank,
+                        ep.pid,
+                        family.name,
+                    )
+                continue
+            kept.append(family)
+        return kept
 
     def _forget_gone(self, endpoints: list[registration.Endpoint]) -> None:
         current = {self._key(ep): ep for ep in endpoints}
