@@ -60,6 +60,25 @@ def _finite(x: float) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _process_start_time(pid: int, *, fallback: float) -> float:
+    """When this process started, on the ``time.time()`` scale to about 10 ms.
+
+    psutil's ``create_time()`` adds the start tick to a boot time rounded to whole seconds, which can
+    put the start up to a second off; on Linux, measure the age against CLOCK_BOOTTIME instead.
+    """
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+        ticks = int(raw.rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return min(time.time() - age, fallback)
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    try:
+        return min(float(psutil.Process(pid).create_time()), fallback)
+    except (psutil.Error, OSError):
+        return fallback
+
+
 def _env_seconds(name: str, default: float) -> float:
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
@@ -208,10 +227,7 @@ class LedgerWriter:
         """Record that this process started tracking the run."""
         try:
             pid = os.getpid()
-            try:
-                pst = float(psutil.Process(pid).create_time())
-            except (psutil.Error, OSError):
-                pst = time
+            pst = _process_start_time(pid, fallback=time)
             host = str(info.get("host") or socket.gethostname())
             record = Start(
                 t=to_us(time),

@@ -1,0 +1,111 @@
+"""``babysitter report`` on a real run directory (the real tracker wrote it) and on edge cases."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from babysitter.cli import main
+from babysitter.ledger import summarize
+
+CHILD = Path(__file__).with_name("test_ledger_child.py")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory with two incarnations: one killed mid-run, one that finished."""
+    base = tmp_path_factory.mktemp("report")
+    run = base / "run"
+    env = {**os.environ, "BABYSITTER_LEDGER_FLUSH_SECONDS": "0.02"}
+    argv = [
+        sys.executable,
+        str(CHILD),
+        "--run-dir",
+        str(run),
+        "--step-seconds",
+        "0.02",
+        "--save-seconds",
+        "0.05",
+    ]
+    first = subprocess.Popen([*argv, "--truth", str(base / "t0")], env=env)
+    try:
+        first.wait(timeout=1.5)
+    except subprocess.TimeoutExpired:
+        first.kill()
+        first.wait()
+    time.sleep(0.3)  # downtime before the restart
+    subprocess.run([*argv, "--truth", str(base / "t1"), "--total", "60"], env=env, check=True, timeout=60)
+    return run
+
+
+def test_table(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "Where the wall time went" in out
+    assert "productive" in out
+    assert "Incarnations" in out
+    assert "killed" in out
+    assert "clean" in out
+
+
+def test_json(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(run_dir), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["restarts"] == 1
+    assert data["incarnations"] == 2
+    assert 0 < data["goodput"] < 1
+    assert data["badput_seconds"]["checkpoint_save"] > 0
+    assert data["badput_seconds"]["downtime"] >= 0.25
+    total = data["productive_seconds"] + sum(data["badput_seconds"].values())
+    assert total == pytest.approx(data["wall_seconds"], abs=1e-5)
+    assert set(data["windows"]) == {"1h", "24h"}
+    assert data["state"] == "ended"
+
+
+def test_png_has_a_sensible_size_and_is_not_blank(run_dir: Path, tmp_path: Path) -> None:
+    import matplotlib.image as mpimg
+
+    png = tmp_path / "timeline.png"
+    assert main(["report", str(run_dir), "--json", "--png", str(png)]) == 0
+    assert png.stat().st_size > 10_000
+    img = mpimg.imread(png)
+    height, width = img.shape[:2]
+    assert 600 <= width <= 2000
+    assert 400 <= height <= 1500
+    rgb = img[..., :3].reshape(-1, 3)
+    non_white = (rgb < 0.95).any(axis=1).mean()
+    assert non_white > 0.03  # bars, lines and text, not an empty canvas
+    colors = {tuple(c) for c in (rgb[:: max(1, len(rgb) // 20000)] * 255).astype(int)}
+    assert len(colors) > 20
+
+
+def test_summary_agrees_with_json_and_counts_the_kill(run_dir: Path) -> None:
+    s = summarize(run_dir)
+    assert [i.ending for i in s.incarnations] == ["killed", "clean"]
+    assert s.incarnations[1].resumed_from == s.incarnations[1].first_step - 1
+    assert s.checkpoints_ok >= 1
+
+
+def test_empty_or_missing_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(tmp_path)]) == 1
+    assert "no ledger records" in capsys.readouterr().err
+
+
+def test_bad_ledger_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(tmp_path), "--ledger", "../etc/passwd"]) == 2
+    assert "file name" in capsys.readouterr().err
+
+
+def test_missing_report_extra_gives_a_clear_error(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "rich", None)
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    assert main(["report", str(run_dir)]) == 2
+    assert "babysitter[report]" in capsys.readouterr().err
