@@ -200,3 +200,25 @@ class TestServing:
             assert server.url.startswith("https://")
         finally:
             server.stop()
+
+
+@pytest.mark.prometheus
+def test_exposition_passes_promtool_lint(tmp_path: Path) -> None:
+    """The agent's /metrics (simulated GPUs, one lost, an NVML error) passes `promtool check metrics`."""
+    from babysitter.node.config import AgentConfig
+    from babysitter.node.daemon import build
+    from promkit import PROMTOOL, require_binary
+
+    require_binary(PROMTOOL, "promtool")
+    running = build(AgentConfig(simulate=3, registry_dir=tmp_path / "reg", kmsg_path=""))
+    try:
+        assert running.simulator is not None
+        running.simulator.nvml.gpu(2).lost = True
+        running.simulator.nvml.gpu(1).errors["nvmlDeviceGetPowerUsage"] = 999
+        running.agent.render()
+        body = running.agent.render()
+    finally:
+        running.close()
+    assert b'gpu_up{gpu="2"' in body
+    proc = subprocess.run([PROMTOOL, "check", "metrics"], input=body, capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
