@@ -8,10 +8,11 @@ Every line carries ``"v"`` (schema version) and ``"k"`` (kind). Kinds:
 
 ``start``  an incarnation (process) began tracking the run: ``t``, ``pst`` (process start), ``id``
            (random incarnation id), ``host``, ``pid``, ``run``, ``info`` (free-form: world size, version...)
-``prog``   step boundaries since the last line: ``t`` (written), ``s`` (first step), ``b0`` (end time of
-           step ``s``), ``d`` (microseconds from each boundary to the next, for the following steps),
-           ``ss`` (explicit step numbers, only when they are not consecutive), ``dw`` (data wait, us),
-           ``mf`` (model FLOPs), ``pk`` (dense peak FLOP/s or null)
+``prog``   step boundaries since the last line: ``s`` (first step), ``b0`` (end time of step ``s``),
+           ``d`` (microseconds from each boundary to the next, for the following steps), ``w`` (written
+           this many us after the last boundary), ``ss`` (explicit step numbers, only when they are not
+           consecutive); when non-zero: ``dw`` (data wait, us), ``mf`` (model FLOPs, 7 digits), ``pk``
+           (dense peak FLOP/s). The most frequent line, so the most compact.
 ``ckb``    checkpoint begin: ``t``, ``op`` (save|load), ``step``, ``path``
 ``cke``    checkpoint end: ``t``, ``op``, ``step``, ``ok``, ``bytes``, ``path``
 ``phb``    phase begin: ``t``, ``name``;  ``phe`` phase end: ``t``, ``name``
@@ -177,17 +178,21 @@ def encode(record: Record) -> bytes:
     """One ledger line (ending in a newline) for ``record``."""
     head: dict[str, object] = {"v": SCHEMA_VERSION}
     if isinstance(record, Progress):
-        head.update(k="prog", t=record.t, s=record.steps[0], b0=record.ends[0])
         ends = record.ends
-        head["d"] = [ends[i] - ends[i - 1] for i in range(1, len(ends))]
+        head.update(k="prog", s=record.steps[0], b0=ends[0])
+        deltas = [max(0, ends[i] - ends[i - 1]) for i in range(1, len(ends))]
+        head["d"] = deltas
         first = record.steps[0]
         if any(step != first + i for i, step in enumerate(record.steps)):
             head["ss"] = list(record.steps)
-        flops = record.model_flops if math.isfinite(record.model_flops) else 0.0
+        head["w"] = record.t - (ends[0] + sum(deltas))
+        if record.data_wait > 0:
+            head["dw"] = record.data_wait
+        if math.isfinite(record.model_flops) and record.model_flops > 0:
+            head["mf"] = float(f"{record.model_flops:.7g}")
         peak = record.peak_flops
-        head.update(
-            dw=record.data_wait, mf=flops, pk=peak if peak is not None and math.isfinite(peak) else None
-        )
+        if peak is not None and math.isfinite(peak) and peak > 0:
+            head["pk"] = float(f"{peak:.7g}")
     elif isinstance(record, Start):
         info = {_cut(str(k)): _info_value(v) for k, v in record.info.items()}
         head.update(
@@ -288,11 +293,11 @@ def _progress(obj: Mapping[str, object]) -> Progress:
         steps = tuple(int(s) for s in explicit)
     peak = obj.get("pk")
     return Progress(
-        t=_int(obj, "t"),
+        t=ends[-1] + _int(obj, "w"),
         steps=steps,
         ends=tuple(ends),
-        data_wait=max(0, _int(obj, "dw")),
-        model_flops=_num(obj, "mf"),
+        data_wait=max(0, _int(obj, "dw")) if "dw" in obj else 0,
+        model_flops=_num(obj, "mf") if "mf" in obj else 0.0,
         peak_flops=None if peak is None else _num(obj, "pk"),
     )
 
