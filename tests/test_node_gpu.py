@@ -241,3 +241,14 @@ class TestFailures:
         with pytest.raises(F.NVMLError_Uninitialized):
             lib.nvmlDeviceGetCount()
         assert lib.calls["nvmlGpmSampleFree"] == 4
+
+
+def test_name_query_failing_keeps_the_gpu(lib: FakeNvml) -> None:
+    """A GPU whose name query fails is still collected, with an empty model label."""
+    lib.gpu(0).errors["nvmlDeviceGetName"] = F.NVML_ERROR_UNKNOWN
+    c = GpuCollector(lib)
+    c.start()
+    s = scrape(c)
+    assert s.value(N.GPU_UP.name, gpu="0", model="") == 1
+    assert s.value(N.GPU_POWER.name, gpu="0") == pytest.approx(70.0)
+    c.close()

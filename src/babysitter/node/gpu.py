@@ -211,9 +211,14 @@ class GpuCollector:
         try:
             dev.handle = lib.nvmlDeviceGetHandleByIndex(dev.index)
             uuid = _clean(str(lib.nvmlDeviceGetUUID(dev.handle)))
-            model = _clean(str(lib.nvmlDeviceGetName(dev.handle)))
             bus = lib.nvmlDeviceGetPciInfo(dev.handle).busId
             bus_id = bus.decode() if isinstance(bus, bytes) else str(bus)
+            try:
+                model = _clean(str(lib.nvmlDeviceGetName(dev.handle)))
+            except self._lost_errors:
+                raise
+            except self._nvml_error:
+                model = ""  # the name is a label, not worth losing the GPU's metrics over
             identity = GpuIdentity(index=dev.index, uuid=uuid, pci_bus_id=bus_id, model=model)
             dev.labels = identity.label_values()
         except (self._nvml_error, ValueError) as exc:
