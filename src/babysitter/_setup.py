@@ -152,7 +152,9 @@ def _flops(
     except (TypeError, ValueError) as exc:
         raise ValueError(
             f"cannot derive FLOPs per token from the model: {exc}. Pass seq_len= (the training sequence "
-            "length) with a Hugging Face model or config, or flops_per_token= yourself"
+            "length) with a Hugging Face model or config, or flops_per_token= and hardware_flops_per_token= "
+            "yourself, e.g. from babysitter.flops.estimate(config, seq_len=..., encoder_seq_len=..., "
+            "recompute=...) for encoder-decoder models or activation recomputation"
         ) from exc
     hardware = estimate.hardware
     if hardware_flops_per_token is not None:
@@ -163,7 +165,8 @@ def _flops(
 def _peak(peak_flops: float | None, dtype: object, device: str | None) -> PeakChoice:
     from babysitter import hardware
 
-    dtype_name = hardware.normalize_dtype(dtype) if dtype is not None else "bf16"
+    # fp32 training whose matmuls run on TF32 tensor cores is measured against the TF32 peak.
+    dtype_name = hardware.matmul_dtype(dtype) if dtype is not None else "bf16"
     if peak_flops is not None:
         value = _positive_number("peak_flops", peak_flops)
         return PeakChoice(value, device or "user", dtype_name, "explicit")
