@@ -60,7 +60,7 @@ _LOG_EVERY = 60.0  # seconds between log lines for one GPU and Xid code
 #: NVML device handle address -> label values (gpu, uuid, pci_bus_id, model) read at registration.
 _Devices = dict[int | None, tuple[str, str, str, str]]
 
-#: Source health gauge, once part A's catalog defines it (see docs/xid.md); None until then.
+#: Source health gauge, once catalog/node.py defines it (see docs/xid.md); None until then.
 _SOURCE_UP: MetricSpec | None = getattr(N, "XID_SOURCE_UP", None)
 
 
