@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -73,7 +74,11 @@ class TrackerSnapshot:
 
 
 class CheckpointHandle:
-    """What ``with tracker.checkpoint_save(...) as ckpt`` yields: set ``nbytes``/``path`` once known."""
+    """What ``with tracker.checkpoint_save(...) as ckpt`` yields: set ``nbytes``/``path`` once known.
+
+    ``nbytes`` is the size on disk (all files of a sharded checkpoint); the node agent's checkpoint
+    sentinel checks that what the ledger lists is still there with at least that size.
+    """
 
     __slots__ = ("kind", "nbytes", "path", "step")
 
@@ -330,7 +335,7 @@ class Tracker:
                 kind=handle.kind,  # type: ignore[arg-type]
                 step=handle.step,
                 time=time.time(),
-                path=handle.path,
+                path=_absolute(handle.path),
             )
         except Exception as exc:
             self.errors.record("ledger", exc)
@@ -366,7 +371,7 @@ class Tracker:
                 time=time.time(),
                 ok=ok,
                 nbytes=nbytes,
-                path=handle.path,
+                path=_absolute(handle.path),
             )
             if ok and handle.kind == "save":
                 self._events.flush(durable=True)
@@ -659,3 +664,10 @@ class Tracker:
     def __repr__(self) -> str:
         config = self.config
         return f"<Tracker run={config.run!r} rank={config.rank.rank} steps={self._n}>"
+
+
+def _absolute(path: object) -> str | None:
+    """Checkpoint paths go to the ledger absolute: the node agent's sentinel runs elsewhere."""
+    if path is None:
+        return None
+    return str(os.path.abspath(os.fspath(path)))  # type: ignore[call-overload]
