@@ -48,6 +48,16 @@ def watch(
     mfu_window: float = 60.0,
     timing: str = "auto",
     ledger: bool = True,
+    hang_timeout: float | str | None = "auto",
+    hang_factor: float = 10.0,
+    hang_floor: float = 300.0,
+    hang_dump_dir: str | os.PathLike[str] | None = None,
+    hang_kill_signal: int | None = None,
+    straggler_every: int | None = None,
+    straggler_timeout: float = 300.0,
+    otlp_endpoint: str | None = None,
+    otlp_interval: float = 15.0,
+    otlp_headers: Mapping[str, str] | None = None,
 ) -> Tracker:
     """Start tracking this training process and serve its metrics.
 
@@ -80,6 +90,17 @@ def watch(
         mfu_window: seconds of the sliding window for ``train_mfu_ratio``.
         timing: ``"auto"``, ``"cpu"`` (host clock) or ``"cuda"`` (CUDA events, no sync).
         ledger: set False to keep rank 0 from writing the ledger even with a ``run_dir``.
+        hang_timeout: hang watchdog threshold: ``"auto"`` (``hang_factor`` x the recent median step
+            time, at least ``hang_floor`` seconds), a number of seconds, or None for no watchdog.
+        hang_dump_dir: where the watchdog writes thread stack dumps (default ``run_dir/hangs`` or a
+            temp dir).
+        hang_kill_signal: send this signal to the process after a hang's dump (default: never).
+        straggler_every: exchange step times with the other ranks every this many steps for
+            ``train_straggler_score`` (gloo, async, no device sync); None (default) keeps it off.
+            It creates a process group, so every rank must call ``watch()`` at the same point.
+        straggler_timeout: seconds an exchange may take before the scores turn themselves off.
+        otlp_endpoint: also push the metrics to this OpenTelemetry Collector (OTLP/HTTP URL)
+            every ``otlp_interval`` seconds, with ``otlp_headers``.
     """
     config = resolve(
         model=model,
@@ -102,6 +123,19 @@ def watch(
         mfu_window=mfu_window,
         timing=timing,
     )
+    runtime = _runtime_parts(
+        hang_timeout=hang_timeout,
+        hang_factor=hang_factor,
+        hang_floor=hang_floor,
+        hang_dump_dir=hang_dump_dir,
+        hang_kill_signal=hang_kill_signal,
+        straggler_every=straggler_every,
+        straggler_timeout=straggler_timeout,
+    )
+    if otlp_endpoint is not None:
+        from babysitter.export.otlp import _endpoint
+
+        _endpoint(otlp_endpoint)  # a malformed URL fails here, before training
     timer, loss_reader = _cuda_parts(config)
     events = _events(config, enabled=ledger)
     tracker = Tracker(config, events=events, cuda_timer=timer, loss_reader=loss_reader)
@@ -121,9 +155,68 @@ def watch(
     except Exception as exc:
         tracker.errors.record("ledger", exc)
     _export(tracker, config)
+    _start_runtime(tracker, runtime)
+    if otlp_endpoint is not None:
+        from babysitter.export.otlp import OtlpPusher
+
+        OtlpPusher(tracker, otlp_endpoint, interval=otlp_interval, headers=otlp_headers).start()
     tracker.start_housekeeping()
     atexit.register(tracker.close)
     return tracker
+
+
+def _runtime_parts(
+    *,
+    hang_timeout: float | str | None,
+    hang_factor: float,
+    hang_floor: float,
+    hang_dump_dir: str | os.PathLike[str] | None,
+    hang_kill_signal: int | None,
+    straggler_every: int | None,
+    straggler_timeout: float,
+) -> dict[str, Any]:
+    """Check the watchdog and straggler options at setup; what ``_start_runtime`` needs."""
+    if hang_timeout is not None and hang_timeout != "auto" and isinstance(hang_timeout, (str, bool)):
+        raise ValueError(f"hang_timeout must be 'auto', seconds or None, got {hang_timeout!r}")
+    if straggler_every is not None and (
+        isinstance(straggler_every, bool) or not isinstance(straggler_every, int) or straggler_every < 2
+    ):
+        raise ValueError(f"straggler_every must be an int >= 2 or None, got {straggler_every!r}")
+    if (
+        isinstance(straggler_timeout, bool)
+        or not isinstance(straggler_timeout, (int, float))
+        or not straggler_timeout > 0
+    ):
+        raise ValueError(f"straggler_timeout must be a positive number of seconds, got {straggler_timeout!r}")
+    from babysitter.watchdog import validate_options
+
+    watchdog = {
+        "timeout": None if hang_timeout == "auto" else hang_timeout,
+        "factor": hang_factor,
+        "floor": hang_floor,
+        "kill_signal": hang_kill_signal,
+    }
+    if hang_timeout is not None:
+        validate_options(**watchdog)  # type: ignore[arg-type]
+    return {
+        "hang": hang_timeout is not None,
+        "watchdog": {**watchdog, "dump_dir": hang_dump_dir},
+        "straggler_every": straggler_every,
+        "straggler_timeout": straggler_timeout,
+    }
+
+
+def _start_runtime(tracker: Tracker, runtime: dict[str, Any]) -> None:
+    from babysitter.straggler import StragglerMonitor
+    from babysitter.watchdog import Watchdog
+
+    if runtime["hang"]:
+        Watchdog(tracker, **runtime["watchdog"]).start()
+    every = runtime["straggler_every"]
+    if every is not None:
+        monitor = StragglerMonitor(tracker, every=every, timeout=runtime["straggler_timeout"])
+        if monitor.start():
+            monitor.attach()
 
 
 def _cuda_parts(config: TrackerConfig) -> tuple[CudaStepTimer | None, LossReader]:
