@@ -119,6 +119,17 @@ class TestCollectorHealth:
         assert hung.calls == 2
         agent.close()
 
+    def test_stuck_collector_does_not_block_close(self) -> None:
+        """close() gives up on a collector stuck in collect() and close() instead of hanging shutdown."""
+        stuck = Hung()
+        stuck.close = lambda: stuck.release.wait(30)  # type: ignore[method-assign]
+        agent = Agent([stuck], collector_timeout=0.1)
+        agent_scrape(agent)
+        start = time.monotonic()
+        agent.close(timeout=0.2)
+        assert time.monotonic() - start < 2
+        stuck.release.set()
+
     def test_build_and_backend_info(self) -> None:
         """The agent exports its build info and which GPU backend it uses."""
         s = agent_scrape(Agent([], backend="nvml", driver_version="570.1"))

@@ -156,6 +156,26 @@ class TestCommand:
         assert "node agent stopping" in out.decode()
         assert not (tmp_path / "addr").exists()
 
+    def test_hung_gpu_fails_the_collector_and_does_not_block_shutdown(self, tmp_path: Path) -> None:
+        """A GPU whose NVML calls hang: the gpu collector is reported failed, SIGTERM still stops the agent."""
+        scenario = tmp_path / "hang.json"
+        scenario.write_text(json.dumps([{"at": 0, "gpu": 0, "event": "hang", "seconds": 600}]))
+        proc = _agent(tmp_path, "--simulate", "1", "--scenario", str(scenario), "--collector-timeout", "0.5")
+        try:
+            address = read_port_file(tmp_path / "addr")
+            with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+                s = parse_exposition(response.read().decode())
+            assert s.value(N.COLLECTOR_SUCCESS.name, collector="gpu") == 0
+            assert s.value(N.COLLECTOR_SUCCESS.name, collector="trainers") == 1
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, out.decode()
+        assert "collector gpu failed: timed out after 0.5 s" in out.decode()
+
     def test_bad_configuration_exits_2_with_a_clear_message(self, tmp_path: Path) -> None:
         """A setup mistake exits with status 2 and one line saying what is wrong."""
         proc = _agent(tmp_path, "--simulate", "1", "--gpu-model", "Z9000")

@@ -13,7 +13,6 @@ exposition stays valid for Prometheus.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import logging
 import sys
@@ -37,38 +36,52 @@ log = logging.getLogger(__name__)
 
 
 class _Runner:
-    """One collector, run on its own thread with a deadline; never more than one run in flight."""
+    """One collector, run on a daemon thread with a deadline; never more than one run in flight.
+
+    Daemon threads, not an executor: a collector stuck in a driver call must not keep the process
+    from exiting at shutdown (executor threads are joined at interpreter exit).
+    """
 
     def __init__(self, collector: Collector, timeout: float) -> None:
         self.collector = collector
         self.name = str(collector.name)
         self._timeout = timeout
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"bs-{self.name}"
-        )
-        self._future: concurrent.futures.Future[list[Metric]] | None = None
+        self._thread: threading.Thread | None = None
         self._started = 0.0
         self._last_error = ""
 
     def run(self) -> tuple[list[Metric], bool, float]:
         """(families, success, seconds) of one collection."""
-        if self._future is not None and not self._future.done():
+        if self._thread is not None and self._thread.is_alive():
             self._fail(f"previous run still in progress after {time.perf_counter() - self._started:.1f} s")
             return [], False, 0.0
+        result: list[Any] = []
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                result.append(list(self.collector.collect()))
+            except BaseException as exc:
+                result.append(exc)
+            finally:
+                done.set()
+
         self._started = time.perf_counter()
-        self._future = self._pool.submit(lambda: list(self.collector.collect()))
-        try:
-            families = self._future.result(timeout=self._timeout)
-        except concurrent.futures.TimeoutError:
-            self._fail(f"timed out after {self._timeout:g} s")
-            return [], False, time.perf_counter() - self._started
-        except Exception as exc:
-            self._fail(f"{type(exc).__name__}: {exc}")
-            return [], False, time.perf_counter() - self._started
+        self._thread = threading.Thread(target=work, name=f"bs-{self.name}", daemon=True)
+        self._thread.start()
+        finished = done.wait(self._timeout)
         seconds = time.perf_counter() - self._started
+        if not finished:
+            self._fail(f"timed out after {self._timeout:g} s")
+            return [], False, seconds
+        outcome = result[0]
+        if isinstance(outcome, BaseException):
+            self._fail(f"{type(outcome).__name__}: {outcome}")
+            return [], False, seconds
         if self._last_error:
             log.info("babysitter: collector %s works again", self.name)
             self._last_error = ""
+        families: list[Metric] = outcome
         return families, True, seconds
 
     def _fail(self, error: str) -> None:
@@ -76,12 +89,20 @@ class _Runner:
             log.warning("babysitter: collector %s failed: %s", self.name, error)
             self._last_error = error
 
-    def close(self) -> None:
-        try:
-            self.collector.close()
-        except Exception as exc:
-            log.warning("babysitter: closing collector %s failed: %s", self.name, exc)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the collector; give up (logged) after ``timeout`` if it is stuck."""
+
+        def work() -> None:
+            try:
+                self.collector.close()
+            except Exception as exc:
+                log.warning("babysitter: closing collector %s failed: %s", self.name, exc)
+
+        thread = threading.Thread(target=work, name=f"bs-close-{self.name}", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            log.warning("babysitter: collector %s did not close within %g s", self.name, timeout)
 
 
 class Agent:
@@ -138,10 +159,10 @@ class Agent:
         """The /metrics body, as the server sends it."""
         return bytes(generate_latest(self.registry()))
 
-    def close(self) -> None:
-        """Close every collector (threads, NVML handles, files)."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Close every collector (threads, NVML handles, files), waiting at most ``timeout`` for each."""
         for runner in self._runners:
-            runner.close()
+            runner.close(timeout)
 
 
 def _exposed(family: Metric) -> tuple[str, str]:

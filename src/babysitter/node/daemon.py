@@ -143,7 +143,7 @@ def _gpu_collector(config: AgentConfig, simulator: Simulator | None) -> tuple[Co
     """(collector, backend name, pynvml-like object for the Xid collector)."""
     if simulator is not None:
         gpu = GpuCollector(simulator.nvml, nvlink_per_link=config.nvlink_per_link)
-        gpu.start()
+        _start_bounded(gpu, config.collector_timeout)
         return gpu, "simulated", simulator.nvml
     explicit = config.collectors.get("gpu", False)
     backend = config.gpu_backend
@@ -166,12 +166,32 @@ def _gpu_collector(config: AgentConfig, simulator: Simulator | None) -> tuple[Co
         log.warning("babysitter: no GPU collector: %s", exc)
         return None, "none", None
     gpu = GpuCollector(lib, nvlink_per_link=config.nvlink_per_link)
-    try:
-        gpu.start()
-    except NvmlUnavailable as exc:
-        # No driver yet (a node still booting, a driver upgrade): report and retry, never exit.
-        log.error("babysitter: %s; the gpu collector reports failure and retries", exc)
+    _start_bounded(gpu, config.collector_timeout)
     return gpu, "nvml", lib
+
+
+def _start_bounded(gpu: GpuCollector, timeout: float) -> None:
+    """Start NVML without letting a hung driver keep the agent from serving.
+
+    No driver yet (a node still booting, a driver upgrade) is logged and retried by the collector; a
+    start that hangs keeps running in the background while the collector reports failure.
+    """
+
+    def work() -> None:
+        try:
+            gpu.start()
+        except NvmlUnavailable as exc:
+            log.error("babysitter: %s; the gpu collector reports failure and retries", exc)
+        except Exception as exc:
+            log.error("babysitter: GPU collector start failed: %s", exc)
+
+    thread = threading.Thread(target=work, name="bs-gpu-start", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        log.error(
+            "babysitter: NVML did not answer within %g s at start; serving without GPU metrics", timeout
+        )
 
 
 def _pynvml_or_none() -> Any:
