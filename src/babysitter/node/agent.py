@@ -160,9 +160,10 @@ class Agent:
         return bytes(generate_latest(self.registry()))
 
     def close(self, timeout: float = 5.0) -> None:
-        """Close every collector (threads, NVML handles, files), waiting at most ``timeout`` for each."""
+        """Close every collector (threads, NVML handles, files) within ``timeout`` seconds in total."""
+        deadline = time.monotonic() + timeout
         for runner in self._runners:
-            runner.close(timeout)
+            runner.close(max(deadline - time.monotonic(), 0.05))
 
 
 def _exposed(family: Metric) -> tuple[str, str]:
