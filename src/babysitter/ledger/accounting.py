@@ -20,13 +20,14 @@ per-segment prefix sums, so a live writer's scrape costs the new steps, not the 
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import accumulate, pairwise
 from typing import Literal
 
 from babysitter.catalog.goodput import BADPUT_CAUSES
-from babysitter.ledger.timeline import Incarnation, Timeline
+from babysitter.ledger.timeline import Incarnation, Piece, Timeline
 
 __all__ = ["Accountant", "Accounting", "TailMode"]
 
@@ -86,16 +87,21 @@ class _Pool:
     cum: list[array[int]] = field(default_factory=list)
     ordered: list[bool] = field(default_factory=list)
 
-    def add(self, seg: int, step: int, rem: int) -> None:
+    def extend(self, seg: int, steps: list[int], rems: list[int]) -> None:
+        """Append steps (in order) and their remainders to segment ``seg``."""
         while len(self.steps) <= seg:
             self.steps.append(array("q"))
             self.cum.append(array("q"))
             self.ordered.append(True)
-        steps, cum = self.steps[seg], self.cum[seg]
-        if steps and step < steps[-1]:
-            self.ordered[seg] = False
-        steps.append(step)
-        cum.append((cum[-1] if cum else 0) + rem)
+        mine, cum = self.steps[seg], self.cum[seg]
+        if self.ordered[seg] and steps:
+            last = mine[-1] if mine else steps[0]
+            if steps[0] < last or any(b < a for a, b in pairwise(steps)):
+                self.ordered[seg] = False
+        mine.extend(steps)
+        running = accumulate(rems, initial=cum[-1] if cum else 0)
+        next(running)  # the initial value is already there (or zero)
+        cum.extend(running)
 
     def kept(self, seg: int, threshold: int) -> tuple[int, int]:
         """``(kept, lost)`` of one segment when steps above ``threshold`` are lost."""
@@ -136,11 +142,40 @@ class _Sink:
         if us:
             self.fixed[cause] = self.fixed.get(cause, 0) + us
 
-    def step(self, seg: int, step: int, rem: int) -> None:
-        if self.pool is not None:
-            self.pool.add(seg, step, rem)
-        else:
-            self.loose.append((seg, step, rem))
+    def take(self, seg: list[int], steps: list[int], rems: list[int]) -> None:
+        """Step remainders of one pass, in gap order."""
+        if self.pool is None:
+            self.loose.extend(zip(seg, steps, rems, strict=True))
+            return
+        start = 0
+        for k in range(1, len(seg) + 1):
+            if k == len(seg) or seg[k] != seg[start]:
+                self.pool.extend(seg[start], steps[start:k], rems[start:k])
+                start = k
+
+
+def _special_gaps(
+    inc: Incarnation,
+    *,
+    j0: int,
+    j1: int,
+    lo: int,
+    hi: int,
+    pieces: list[Piece],
+    hangs: set[int],
+    splits: list[int],
+) -> list[int]:
+    """Gaps in ``[j0, j1)`` that need the careful path: the first and the tail, hangs, gaps cut by the
+    window, gaps overlapped by explicit intervals, the first gap of each rollback segment."""
+    ends, n = inc.ends, inc.n
+    marks = {0, n, bisect_right(ends, lo), bisect_right(ends, hi)}
+    marks.update(hangs)
+    for a, b, _ in pieces:
+        ja, jb = bisect_right(ends, a), bisect_left(ends, b)
+        marks.update(range(ja, min(jb, n) + 1))
+    for t in splits:
+        marks.add(bisect_right(ends, t))
+    return sorted(j for j in marks if j0 <= j < j1)
 
 
 def _classify(
@@ -154,7 +189,11 @@ def _classify(
     tail: str | None,
     sink: _Sink,
 ) -> None:
-    """Classify gaps ``j0..j1-1`` (``inc.n`` is the tail) clipped to ``[lo, hi]`` and the incarnation."""
+    """Classify gaps ``j0..j1-1`` (``inc.n`` is the tail) clipped to ``[lo, hi]`` and the incarnation.
+
+    Plain step gaps (the vast majority) go through list comprehensions; the few special ones through
+    the careful per-gap path.
+    """
     n = inc.n
     ends, steps, stall = inc.ends, inc.steps, inc.stall
     begin = inc.begin
@@ -162,32 +201,33 @@ def _classify(
     hi = min(hi, stop)
     pieces = inc.pieces(stop)
     piece_ends = [p[1] for p in pieces]
-    m = len(pieces)
     hangs = inc.hang_gaps()
     split_times = [t for t, _ in inc.splits()]
-    k = 0
-    put, step_sink = sink.put, sink.step
-    for j in range(j0, j1):
+    put = sink.put
+    out_seg: list[int] = []
+    out_step: list[int] = []
+    out_rem: list[int] = []
+    wait_total = 0
+
+    def careful(j: int) -> None:
+        nonlocal wait_total
         g0 = begin if j == 0 else ends[j - 1]
         g1 = ends[j] if j < n else stop
         c0 = g0 if g0 > lo else lo
         c1 = g1 if g1 < hi else hi
         if c1 <= c0:
-            continue
+            return
         rem = c1 - c0
-        if m:
-            if k < m and piece_ends[k] <= c0:
-                k = bisect_right(piece_ends, c0, k)
-            kk = k
-            while kk < m and pieces[kk][0] < c1:
-                a = max(pieces[kk][0], c0)
-                b = min(pieces[kk][1], c1)
-                if b > a:
-                    put(pieces[kk][2], b - a)
-                    rem -= b - a
-                kk += 1
+        kk = bisect_right(piece_ends, c0)
+        while kk < len(pieces) and pieces[kk][0] < c1:
+            a = max(pieces[kk][0], c0)
+            b = min(pieces[kk][1], c1)
+            if b > a:
+                put(pieces[kk][2], b - a)
+                rem -= b - a
+            kk += 1
         if rem <= 0:
-            continue
+            return
         if j in hangs:
             put("hang", rem)
         elif j == 0 or n == 0:
@@ -203,10 +243,33 @@ def _classify(
                 if c1 - c0 != g1 - g0:
                     wait = wait * (c1 - c0) // (g1 - g0)
                 wait = min(wait, rem)
-                put("data_stall", wait)
+                wait_total += wait
                 rem -= wait
-            seg = 0 if not split_times else inc.segment_of_gap(j, split_times)
-            step_sink(seg, steps[j], rem)
+            out_seg.append(0 if not split_times else inc.segment_of_gap(j, split_times))
+            out_step.append(steps[j])
+            out_rem.append(rem)
+
+    # Gaps wholly before ``lo`` or after ``hi`` contribute nothing.
+    j0 = max(j0, bisect_right(ends, lo))
+    j1 = min(j1, bisect_right(ends, hi) + 1)
+    j = j0
+    for special in [
+        *_special_gaps(inc, j0=j0, j1=j1, lo=lo, hi=hi, pieces=pieces, hangs=hangs, splits=split_times),
+        j1,
+    ]:
+        if j < special:  # a plain run: whole step gaps, nothing laid over them
+            e = ends[j - 1 : special]
+            gaps = [b - a for a, b in pairwise(e)]
+            waits = [w if w < g else g for w, g in zip(stall[j:special], gaps, strict=True)]
+            wait_total += sum(waits)
+            out_seg.extend([0 if not split_times else inc.segment_of_gap(j, split_times)] * len(gaps))
+            out_step.extend(steps[j:special])
+            out_rem.extend([g - w for g, w in zip(gaps, waits, strict=True)])
+        if special < j1:
+            careful(special)
+        j = special + 1
+    put("data_stall", wait_total)
+    sink.take(out_seg, out_step, out_rem)
 
 
 def _open_floor(inc: Incarnation) -> int:

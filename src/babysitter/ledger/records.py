@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Literal
 
 __all__ = [
@@ -273,32 +275,41 @@ def _op(obj: Mapping[str, object]) -> Op:
 
 
 def _progress(obj: Mapping[str, object]) -> Progress:
-    first = _int(obj, "s")
-    deltas = obj.get("d")
-    if not isinstance(deltas, list) or not all(isinstance(d, int) and d >= 0 for d in deltas):
+    # The most frequent line: checked with exact type tests, the deltas in C (array), no generators.
+    first, b0, written, deltas = obj.get("s"), obj.get("b0"), obj.get("w"), obj.get("d")
+    if type(first) is not int or type(b0) is not int or type(written) is not int or type(deltas) is not list:
+        raise SchemaError("a progress line needs integers 's', 'b0', 'w' and a list 'd'")
+    try:
+        packed = array("q", deltas)
+    except (TypeError, OverflowError):
+        raise SchemaError("'d' must be a list of non-negative integers") from None
+    if deltas and min(packed) < 0:
         raise SchemaError("'d' must be a list of non-negative integers")
-    ends = [_int(obj, "b0")]
-    for delta in deltas:
-        ends.append(ends[-1] + delta)
+    ends = tuple(accumulate(packed, initial=b0))
     explicit = obj.get("ss")
     if explicit is None:
         steps = tuple(range(first, first + len(ends)))
     else:
-        if (
-            not isinstance(explicit, list)
-            or len(explicit) != len(ends)
-            or not all(isinstance(s, int) for s in explicit)
-        ):
+        try:
+            steps = tuple(array("q", explicit))  # type: ignore[call-overload]
+        except (TypeError, OverflowError):
+            raise SchemaError("'ss' must list one integer step per boundary") from None
+        if len(steps) != len(ends):
             raise SchemaError("'ss' must list one integer step per boundary")
-        steps = tuple(int(s) for s in explicit)
+    wait = obj.get("dw", 0)
+    flops = obj.get("mf", 0.0)
     peak = obj.get("pk")
+    if type(wait) is not int:
+        raise SchemaError("'dw' must be an integer")
+    if type(flops) not in (int, float) or (peak is not None and type(peak) not in (int, float)):
+        raise SchemaError("'mf' and 'pk' must be numbers")
     return Progress(
-        t=ends[-1] + _int(obj, "w"),
+        t=ends[-1] + written,
         steps=steps,
-        ends=tuple(ends),
-        data_wait=max(0, _int(obj, "dw")) if "dw" in obj else 0,
-        model_flops=_num(obj, "mf") if "mf" in obj else 0.0,
-        peak_flops=None if peak is None else _num(obj, "pk"),
+        ends=ends,
+        data_wait=wait if wait > 0 else 0,
+        model_flops=float(flops),  # type: ignore[arg-type]
+        peak_flops=None if peak is None else float(peak),  # type: ignore[arg-type]
     )
 
 

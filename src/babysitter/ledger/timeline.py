@@ -15,6 +15,7 @@ import itertools
 from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from babysitter.ledger.records import (
     Alive,
@@ -140,17 +141,21 @@ class Incarnation:
         prev = self.ends[-1] if i0 else self.begin
         n = len(record.steps)
         share, extra = divmod(record.data_wait, n)
-        for i in range(n):
-            end = max(record.ends[i], prev)
-            self.steps.append(record.steps[i])
-            self.ends.append(end)
-            self.stall.append(share + (1 if i < extra else 0))
-            prev = end
+        self.steps.extend(record.steps)
+        if record.ends[0] >= prev:  # ends within a record never decrease (decode and the writer ensure it)
+            self.ends.extend(record.ends)
+        else:  # a clock that went backwards: never let a boundary precede the one before it
+            self.ends.extend(accumulate(record.ends, max, initial=prev))
+            self.ends.pop(i0)
+        stall = [share] * n
+        for i in range(extra):
+            stall[i] += 1
+        self.stall.extend(stall)
         if self.keep_points:
             self.points.append(
                 ProgressPoint(record.t, i0, len(self.ends), record.model_flops, record.peak_flops)
             )
-        self.last_t = max(self.last_t, prev)
+        self.last_t = max(self.last_t, self.ends[-1])
 
     # ---------------------------------------------------------------- queries
 

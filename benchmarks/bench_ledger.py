@@ -1,0 +1,275 @@
+"""Ledger scale benchmark: a generated 30-day, ~1M-step run with 50 restarts.
+
+Measures the ledger's size, ``babysitter report`` time (JSON, table, PNG), what a restarted writer pays
+to read the ledger back, the cost of a scrape, and the writer's cost per step. Prints a Markdown block
+for benchmarks/results/ledger.md.
+
+    .venv/bin/python benchmarks/bench_ledger.py [--steps 1000000] [--restarts 50] [--days 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from babysitter.ledger import DEFAULT_FILE_NAME, LedgerWriter, summarize
+from babysitter.ledger.records import (
+    Alive,
+    CheckpointBegin,
+    CheckpointEnd,
+    End,
+    PhaseBegin,
+    PhaseEnd,
+    Progress,
+    Record,
+    Start,
+    encode,
+)
+
+US = 1_000_000
+
+
+def generate(
+    path: Path, *, steps: int, restarts: int, days: float, flush: float, seed: int = 1
+) -> dict[str, float]:
+    """Write a realistic ledger: what LedgerWriter writes for such a run (one progress line per flush)."""
+    rng = random.Random(seed)
+    wall = days * 86400.0
+    downtime_total = restarts * 600.0
+    startup, load, save, every, eval_every, eval_s = 180.0, 60.0, 40.0, 1000, 5000, 90.0
+    # Pick the step time so that the recorded boundaries (kept + recomputed) come to ``steps``.
+    busy = wall - downtime_total - (restarts + 1) * (startup + load)
+    step_time = busy / (steps * (1 + save / (every * 2.5) + eval_s / (eval_every * 2.5)) * 1.0)
+    crash_times = sorted(rng.uniform(0.02, 0.98) * wall for _ in range(restarts))
+    t = 1_700_000_000.0
+    end_of_run = t + wall
+    step = 0
+    last_ckpt = 0
+    written = 0
+    out: list[bytes] = []
+
+    def put(rec: Record) -> None:
+        out.append(encode(rec))
+
+    boundaries = 0
+    for inc in range(restarts + 1):
+        pst = t
+        t += 20.0
+        put(
+            Start(
+                t=round(t * US),
+                pst=round(pst * US),
+                id=f"{inc:016x}",
+                host=f"node-{inc % 7}",
+                pid=1000 + inc,
+                run="bench",
+                info={"world_size": 1024, "version": "0.1.0"},
+            )
+        )
+        t += startup - 20.0
+        if last_ckpt:
+            put(CheckpointBegin(t=round(t * US), op="load", step=last_ckpt, path=f"/ck/{last_ckpt}"))
+            t += load
+            put(
+                CheckpointEnd(
+                    t=round(t * US), op="load", step=last_ckpt, ok=True, nbytes=None, path=f"/ck/{last_ckpt}"
+                )
+            )
+        step = last_ckpt
+        stop = crash_times[inc] + 1_700_000_000.0 if inc < restarts else end_of_run
+        batch_steps: list[int] = []
+        batch_ends: list[int] = []
+        next_flush = t + flush
+        while t < stop and boundaries < steps:
+            t += step_time * rng.uniform(0.97, 1.03)
+            step += 1
+            boundaries += 1
+            batch_steps.append(step)
+            batch_ends.append(round(t * US))
+            extra: list[Record] = []
+            if step % every == 0:
+                extra.append(CheckpointBegin(t=round(t * US), op="save", step=step, path=f"/ck/{step}"))
+                t += save
+                extra.append(
+                    CheckpointEnd(
+                        t=round(t * US), op="save", step=step, ok=True, nbytes=1 << 40, path=f"/ck/{step}"
+                    )
+                )
+                last_ckpt = step
+            if step % eval_every == 0:
+                extra.append(PhaseBegin(t=round(t * US), name="eval"))
+                t += eval_s
+                extra.append(PhaseEnd(t=round(t * US), name="eval"))
+            if t >= next_flush or extra:
+                put(
+                    Progress(
+                        t=round(t * US),
+                        steps=tuple(batch_steps),
+                        ends=tuple(batch_ends),
+                        data_wait=rng.randrange(0, 50_000),
+                        model_flops=4.1e15 * len(batch_steps),
+                        peak_flops=9.89e14,
+                    )
+                )
+                batch_steps, batch_ends = [], []
+                for rec in extra:
+                    put(rec)
+                next_flush = t + flush
+        if batch_steps:
+            put(
+                Progress(
+                    t=round(t * US),
+                    steps=tuple(batch_steps),
+                    ends=tuple(batch_ends),
+                    data_wait=0,
+                    model_flops=4.1e15 * len(batch_steps),
+                    peak_flops=9.89e14,
+                )
+            )
+        if inc < restarts:
+            put(Alive(t=round(t * US)))
+            t += rng.uniform(300, 900)  # downtime
+        else:
+            put(End(t=round(t * US), clean=True))
+        if len(out) > 10_000:
+            written += _flush(path, out)
+    written += _flush(path, out)
+    return {"boundaries": boundaries, "step_time": step_time, "bytes": written}
+
+
+def _flush(path: Path, out: list[bytes]) -> int:
+    data = b"".join(out)
+    out.clear()
+    with path.open("ab") as f:
+        f.write(data)
+    return len(data)
+
+
+def timed(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - t0
+
+
+def cli(run_dir: Path, *extra: str) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "babysitter", "report", str(run_dir), *extra],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - t0
+
+
+def writer_cost(tmp: Path, steps: int = 200_000, per_call: int = 1) -> dict[str, float]:
+    """Cost per step of feeding the writer (caller side) and of its batch work (writer thread side)."""
+    run_dir = tmp / "writer"
+    w = LedgerWriter(run_dir, run="cost", flush_interval=1e6, heartbeat_interval=1e5, stale_after=1e6)
+    t = time.time()
+    w.incarnation_start(time=t, info={})
+    call_s = tick_s = 0.0
+    step = 0
+    calls_per_flush = 5  # ~1 call per second from the tracker, one flush every 5 s
+    calls = 0
+    while step < steps:
+        batch = [(step + i + 1, t + (step + i + 1) * 0.5) for i in range(per_call)]
+        step += per_call
+        t0 = time.perf_counter()
+        w.progress(boundaries=batch, data_wait_seconds=0.001, model_flops=1e15, peak_flops=1e15)
+        t1 = time.perf_counter()
+        call_s += t1 - t0
+        calls += 1
+        if calls % calls_per_flush == 0:
+            w._tick()
+            tick_s += time.perf_counter() - t1
+    w._tick()
+    list(w.metrics(["run", "rank"], ["cost", "0"], t + steps * 0.5 + 1))  # classifies the history once
+    t0 = time.perf_counter()
+    for _ in range(20):
+        list(w.metrics(["run", "rank"], ["cost", "0"], t + steps * 0.5 + 1))
+    scrape = (time.perf_counter() - t0) / 20
+    w.close(time=t + steps * 0.5 + 2, clean=True)
+    return {
+        "call_us_per_step": call_s / steps * 1e6,
+        "tick_us_per_step": tick_s / steps * 1e6,
+        "scrape_ms": scrape * 1e3,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--steps", type=int, default=1_000_000)
+    ap.add_argument("--restarts", type=int, default=50)
+    ap.add_argument("--days", type=float, default=30.0)
+    ap.add_argument("--flush", type=float, default=5.0, help="writer flush interval to emulate (s)")
+    ap.add_argument("--dir", type=Path, default=None)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmpname:
+        tmp = args.dir or Path(tmpname)
+        run_dir = tmp / "run"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ledger = run_dir / DEFAULT_FILE_NAME
+        if ledger.exists():
+            ledger.unlink()
+        gen, gen_s = timed(
+            generate, ledger, steps=args.steps, restarts=args.restarts, days=args.days, flush=args.flush
+        )
+        size = ledger.stat().st_size
+        lines = ledger.read_bytes().count(b"\n")
+        summary, summarize_s = timed(summarize, run_dir)
+        json_s = cli(run_dir, "--json")
+        table_s = cli(run_dir)
+        png_s = cli(run_dir, "--json", "--png", str(tmp / "timeline.png"))
+        writer, restart_s = timed(
+            LedgerWriter, run_dir, run="bench", flush_interval=1e6, heartbeat_interval=1e5, stale_after=1e6
+        )
+        _, first_scrape_s = timed(lambda: list(writer.metrics(["run"], ["bench"], time.time())))
+        _, scrape_s = timed(lambda: list(writer.metrics(["run"], ["bench"], time.time())))
+        writer.close(time=time.time(), clean=True)
+        cost1 = writer_cost(tmp, per_call=1)
+        cost4 = writer_cost(tmp, per_call=4)
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    t = summary.totals
+    print(f"""## {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())} — {cpu}, {os.cpu_count()} cores (shared), \
+Python {platform.python_version()}
+
+Generated: {args.days:g} days, {gen["boundaries"]:,} step boundaries (step {gen["step_time"]:.2f} s), \
+{args.restarts} restarts, checkpoint every 1000 steps, eval every 5000, \
+one progress line per {args.flush:g} s (generation {gen_s:.1f} s).
+
+| what | result | target |
+|---|---|---|
+| ledger size | {size / 1e6:.1f} MB, {lines:,} lines | < 50 MB |
+| `babysitter report --json` (new process, wall) | {json_s:.2f} s | < 5 s |
+| `babysitter report` (table) | {table_s:.2f} s | < 5 s |
+| `babysitter report --json --png` | {png_s:.2f} s | |
+| `summarize()` in process (read, fold, account, windows) | {summarize_s:.2f} s | |
+| restarted writer: construct (read + fold the ledger) | {restart_s:.2f} s | |
+| restarted writer: first scrape (classifies the history once) | {first_scrape_s * 1e3:.0f} ms | |
+| restarted writer: next scrape | {scrape_s * 1e3:.2f} ms | |
+| writer, caller side (`progress()`), 1 boundary per call | {cost1["call_us_per_step"]:.2f} us/step | |
+| writer, batch side (drain, encode, fold, write), 1 per call | {cost1["tick_us_per_step"]:.2f} us/step | |
+| writer, caller side, 4 boundaries per call | {cost4["call_us_per_step"]:.2f} us/step | |
+| writer, batch side, 4 per call | {cost4["tick_us_per_step"]:.2f} us/step | |
+| scrape of a live writer after 200k steps | {cost1["scrape_ms"]:.2f} ms | |
+
+Accounting of the generated run: goodput {t.goodput:.3f}, restarts {t.restarts}, \
+lost progress {t.badput_seconds["lost_progress"] / 3600:.1f} h, \
+downtime {t.badput_seconds["downtime"] / 3600:.1f} h, checkpoint saves {t.badput_seconds["checkpoint_save"] / 3600:.1f} h.""")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
