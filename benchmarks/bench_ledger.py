@@ -242,8 +242,8 @@ def main() -> int:
                 cpu = line.split(":", 1)[1].strip()
                 break
     t = summary.totals
-    print(f"""## {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())} — {cpu}, {os.cpu_count()} cores (shared), \
-Python {platform.python_version()}
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(f"""## {when} — {cpu}, {os.cpu_count()} cores (shared), Python {platform.python_version()}
 
 Generated: {args.days:g} days, {gen["boundaries"]:,} step boundaries (step {gen["step_time"]:.2f} s), \
 {args.restarts} restarts, checkpoint every 1000 steps, eval every 5000, \
@@ -267,7 +267,8 @@ one progress line per {args.flush:g} s (generation {gen_s:.1f} s).
 
 Accounting of the generated run: goodput {t.goodput:.3f}, restarts {t.restarts}, \
 lost progress {t.badput_seconds["lost_progress"] / 3600:.1f} h, \
-downtime {t.badput_seconds["downtime"] / 3600:.1f} h, checkpoint saves {t.badput_seconds["checkpoint_save"] / 3600:.1f} h.""")
+downtime {t.badput_seconds["downtime"] / 3600:.1f} h, \
+checkpoint saves {t.badput_seconds["checkpoint_save"] / 3600:.1f} h.""")
     return 0
 
 
