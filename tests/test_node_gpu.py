@@ -252,3 +252,28 @@ def test_name_query_failing_keeps_the_gpu(lib: FakeNvml) -> None:
     assert s.value(N.GPU_UP.name, gpu="0", model="") == 1
     assert s.value(N.GPU_POWER.name, gpu="0") == pytest.approx(70.0)
     c.close()
+
+
+def test_lost_gpu_gets_a_fresh_handle_now_and_then(lib: FakeNvml) -> None:
+    """While a GPU is lost the collector asks NVML for a fresh handle once a minute, not every scrape."""
+    now = [0.0]
+    c = GpuCollector(lib, clock=lambda: now[0])
+    c.start()
+    lib.gpu(1).lost = True
+    scrape(c)  # GPU 1 goes down at t=0
+    before = lib.calls["nvmlDeviceGetHandleByIndex"]
+    now[0] = 30.0
+    scrape(c)
+    assert lib.calls["nvmlDeviceGetHandleByIndex"] == before
+    now[0] = 61.0
+    scrape(c)
+    assert lib.calls["nvmlDeviceGetHandleByIndex"] == before + 1
+    now[0] = 90.0
+    scrape(c)
+    assert lib.calls["nvmlDeviceGetHandleByIndex"] == before + 1
+    lib.gpu(1).lost = False
+    now[0] = 125.0
+    s = scrape(c)
+    assert lib.calls["nvmlDeviceGetHandleByIndex"] == before + 2
+    assert s.value(N.GPU_UP.name, gpu="1") == 1
+    c.close()

@@ -183,3 +183,11 @@ class TestFaults:
         assert s.nvml.gpu(0).delay_seconds == 0.05
         s._apply(parse_scenario([{"event": "recover"}], 1)[0])
         assert s.nvml.gpu(0).delay_seconds == 0
+
+
+def test_builtin_demo_scenario_fits_any_gpu_count() -> None:
+    """`--scenario demo` needs no file and maps its GPUs onto however many are simulated."""
+    for count in (1, 2, 8):
+        events = load_scenario(Path("demo"), count)
+        assert {e.event for e in events} >= {"throttle", "xid48", "xid79"}
+        assert all(0 <= e.gpu < count for e in events)

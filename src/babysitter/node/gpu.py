@@ -69,6 +69,8 @@ _UNSUPPORTED_ERRORS = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound")
 _MAX_LABEL = 128
 #: Minimum seconds between NVML (re)initialisation attempts while the driver does not answer.
 _INIT_RETRY_SECONDS = 30.0
+#: Seconds between attempts to get a fresh handle for a lost GPU.
+_REACQUIRE_SECONDS = 60.0
 
 
 class _GpuLost(Exception):
@@ -89,6 +91,7 @@ class _Device:
     nvlinks: list[int] | None = None
     gpm: list[Any] | None = None  # [previous sample, current sample] while GPM works
     gpm_primed: bool = False
+    last_reacquire: float = 0.0
 
 
 Sample = tuple[MetricSpec, tuple[str, ...], float]
@@ -233,6 +236,11 @@ class GpuCollector:
     def _collect_device(self, dev: _Device) -> list[Sample]:
         if dev.identity is None and not self._identify(dev):
             return [(N.GPU_UP, (str(dev.index), "", "", ""), 0.0)]
+        if not dev.up and self._clock() - dev.last_reacquire >= _REACQUIRE_SECONDS:
+            # After a GPU reset the old handle may stay invalid: ask NVML for a fresh one now and then.
+            dev.last_reacquire = self._clock()
+            with contextlib.suppress(self._nvml_error):
+                dev.handle = self._lib.nvmlDeviceGetHandleByIndex(dev.index)
         labels = dev.labels
         out: list[Sample] = []
         try:
@@ -251,6 +259,8 @@ class GpuCollector:
         if dev.up or dev.lost_error != error:
             ident = f"{dev.labels[1]}, {dev.labels[2]}" if dev.labels else "not identified"
             log.error("babysitter: GPU %s (%s) is lost: %s; exporting gpu_up=0", dev.index, ident, error)
+        if dev.up:
+            dev.last_reacquire = self._clock()
         dev.up = False
         dev.lost_error = error
 

@@ -19,6 +19,9 @@ and ``clear_throttle``; ``ecc`` (``type``: corrected|uncorrected, ``count``);
 
 Shorthands for the common faults: ``xid79`` (Xid 79, then the GPU is lost) and ``xid48``
 (Xid 48 with an uncorrected ECC error and a pending row remap).
+
+``--scenario demo`` (any name in :data:`BUILTIN_SCENARIOS`) needs no file: a few minutes of throttling,
+ECC errors, an Xid 48 and a GPU falling off the bus, spread over the simulated GPUs.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from babysitter.node import fake_nvml as F
 from babysitter.node.fake_nvml import FakeGpu, FakeNvml
 
 __all__ = [
+    "BUILTIN_SCENARIOS",
     "GPU_MODELS",
     "GpuModel",
     "ScenarioEvent",
@@ -194,8 +198,25 @@ def _check_args(where: str, kind: str, args: Mapping[str, Any]) -> None:
             raise ValueError(f"{where}: {key!r} must be a number")
 
 
+#: Scenarios by name, for demos; GPU numbers are taken modulo the simulated count.
+BUILTIN_SCENARIOS: dict[str, list[dict[str, Any]]] = {
+    "demo": [
+        {"at": 30, "gpu": 2, "event": "throttle", "reasons": ["hw_thermal_slowdown"]},
+        {"at": 45, "gpu": 5, "event": "ecc", "type": "corrected", "count": 12},
+        {"at": 60, "gpu": 3, "event": "xid48"},
+        {"at": 75, "gpu": 1, "event": "nvlink", "link": 4, "type": "crc_flit", "count": 30},
+        {"at": 90, "gpu": 2, "event": "clear_throttle"},
+        {"at": 120, "gpu": 6, "event": "xid", "xid": 13},
+        {"at": 150, "gpu": 7, "event": "xid79"},
+    ],
+}
+
+
 def load_scenario(path: Path, gpu_count: int) -> list[ScenarioEvent]:
-    """Read and validate a scenario file; ValueError (with the path) when it is unreadable or wrong."""
+    """Read and validate a scenario file (or a built-in name); ValueError naming it when wrong."""
+    if str(path) in BUILTIN_SCENARIOS and not path.exists():
+        events = [{**e, "gpu": int(e["gpu"]) % gpu_count} for e in BUILTIN_SCENARIOS[str(path)]]
+        return parse_scenario(events, gpu_count)
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
