@@ -119,7 +119,7 @@ _HELP: dict[str, str] = {
     "nvlink_per_link": "export NVLink errors per link (4 series per link) instead of summed over links",
     "simulate": "simulate COUNT GPUs instead of reading real ones (tests, demos)",
     "gpu_model": "simulated GPU model: H100, H200, B200, A100, L40S, V100",
-    "scenario": "JSON file of timed simulated faults, or \"demo\" (see babysitter.node.simulate)",
+    "scenario": 'JSON file of timed simulated faults, or "demo" (see babysitter.node.simulate)',
     "simulate_kernel_log": "with --simulate: append simulated NVRM Xid lines to this file",
     "registry_dir": "trainer registration directory (default $BABYSITTER_REGISTRY_DIR or /tmp/babysitter)",
     "trainer_timeout": "seconds to wait for one trainer endpoint (default 2)",
@@ -132,6 +132,27 @@ _HELP: dict[str, str] = {
     "checkpoint_keep_last": "how many of the newest checkpoints the sentinel verifies (default 3)",
     "checkpoint_interval": "seconds between checkpoint sentinel passes (default 30)",
     "collector_timeout": "seconds one collector may take before it is reported failed (default 10)",
+}
+
+
+_METAVAR = {
+    "listen_address": "HOST:PORT",
+    "port": "PORT",
+    "port_file": "FILE",
+    "tls_cert_file": "FILE",
+    "tls_key_file": "FILE",
+    "gpu_backend": "{auto,nvml,dcgm,none}",
+    "simulate": "COUNT",
+    "gpu_model": "NAME",
+    "scenario": "FILE",
+    "simulate_kernel_log": "FILE",
+    "registry_dir": "DIR",
+    "trainer_ca_file": "FILE",
+    "kmsg_path": "PATH",
+    "storage_path": "DIR",
+    "storage_size": "BYTES",
+    "checkpoint_run_dir": "DIR",
+    "checkpoint_keep_last": "K",
 }
 
 
@@ -162,12 +183,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name in _FIELDS:
         flag = "--" + name.replace("_", "-")
         kind = _kind(name)
+        metavar = _METAVAR.get(name, "SECONDS" if kind == "float" else None)
         if kind == "bool":
             parser.add_argument(flag, dest=name, action="store_true", default=None, help=_HELP[name])
         elif kind == "paths":
-            parser.add_argument(flag, dest=name, action="append", type=Path, default=None, help=_HELP[name])
+            parser.add_argument(
+                flag, dest=name, action="append", type=Path, default=None, metavar=metavar, help=_HELP[name]
+            )
         else:
-            parser.add_argument(flag, dest=name, default=None, help=_HELP[name])
+            parser.add_argument(flag, dest=name, default=None, metavar=metavar, help=_HELP[name])
     for name, help_ in COLLECTORS.items():
         parser.add_argument(
             f"--collector.{name}", dest=f"collector_{name}", action="store_true", default=None, help=help_
