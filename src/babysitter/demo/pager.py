@@ -1,0 +1,134 @@
+"""The demo's pager: an Alertmanager webhook receiver on loopback that hands every page to a callback.
+
+Alertmanager POSTs a JSON document per notification (a group of alerts, firing or resolved); each alert
+in it becomes a :class:`Page`. Bodies are bounded and malformed ones are answered 400 and logged once
+per kind, so a confused sender cannot take the demo down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["Page", "PagerServer"]
+
+log = logging.getLogger(__name__)
+
+_MAX_BODY = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Page:
+    """One alert of one Alertmanager notification."""
+
+    received: float
+    status: str  # firing | resolved
+    name: str
+    severity: str
+    labels: dict[str, str] = field(default_factory=dict)
+    summary: str = ""
+
+    def subject(self) -> str:
+        """The labels that say what the page is about."""
+        keys = ("run", "instance", "gpu", "xid", "path", "step")
+        return " ".join(f"{k}={self.labels[k]}" for k in keys if k in self.labels)
+
+
+def parse_notification(body: object, received: float) -> list[Page]:
+    """The pages in an Alertmanager webhook payload (version 4); ValueError when it is not one."""
+    if not isinstance(body, dict) or not isinstance(body.get("alerts"), list):
+        raise ValueError("not an Alertmanager webhook payload (no 'alerts' list)")
+    pages = []
+    for alert in body["alerts"]:
+        if not isinstance(alert, dict):
+            raise ValueError("an alert is not an object")
+        labels = {str(k): str(v)[:200] for k, v in (alert.get("labels") or {}).items()}
+        annotations = alert.get("annotations") or {}
+        pages.append(
+            Page(
+                received=received,
+                status=str(alert.get("status", body.get("status", "firing"))),
+                name=labels.get("alertname", "?"),
+                severity=labels.get("severity", ""),
+                labels=labels,
+                summary=str(annotations.get("summary", ""))[:500],
+            )
+        )
+    return pages
+
+
+class PagerServer:
+    """A webhook receiver on ``127.0.0.1`` (ephemeral port); ``on_page`` runs on the server's thread."""
+
+    def __init__(self, on_page: Callable[[Page], None], *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.pages: list[Page] = []
+        self._lock = threading.Lock()
+        self._on_page = on_page
+        self.rejected = 0
+        pager = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if not 0 < length <= _MAX_BODY:
+                    self._answer(413 if length else 400)
+                    return
+                try:
+                    pages = parse_notification(json.loads(self.rfile.read(length)), time.time())
+                except (ValueError, UnicodeDecodeError) as exc:
+                    pager._reject(exc)
+                    self._answer(400)
+                    return
+                self._answer(200)
+                for page in pages:
+                    pager._deliver(page)
+
+            def _answer(self, code: int) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self.url = f"http://{host}:{self.port}/pager"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="demo-pager", daemon=True)
+
+    def start(self) -> PagerServer:
+        """Serve in the background."""
+        self._thread.start()
+        return self
+
+    def _reject(self, exc: Exception) -> None:
+        with self._lock:
+            self.rejected += 1
+            first = self.rejected == 1
+        if first:
+            log.warning("demo pager: rejected a malformed notification: %s", exc)
+
+    def _deliver(self, page: Page) -> None:
+        with self._lock:
+            self.pages.append(page)
+        try:
+            self._on_page(page)
+        except Exception as exc:  # printing must not break the receiver
+            log.warning("demo pager: page callback failed: %s", exc)
+
+    def snapshot(self) -> list[Page]:
+        """The pages received so far."""
+        with self._lock:
+            return list(self.pages)
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self._server.shutdown()
+        self._server.server_close()

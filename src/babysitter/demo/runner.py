@@ -1,0 +1,530 @@
+"""``babysitter demo`` end to end: start the stack, play the scenario, print pages, end with the report.
+
+The stack: a node agent with simulated GPUs (it also serves the training process's metrics), the tiny
+GPT training run (:mod:`babysitter.demo.trainer`), Prometheus loaded with the generated rules (the
+fast profile, plus a slow-save threshold a CPU demo can reach), Alertmanager routing every alert to
+the demo's pager (:mod:`babysitter.demo.pager`). Without the Prometheus binaries the rest still runs
+and the terminal says what is missing and how to install it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from babysitter.demo.pager import Page, PagerServer
+from babysitter.demo.scenario import PROCESS_EVENTS, DemoEvent, Scenario
+from babysitter.demo.stack import (
+    INSTALL_HINT,
+    Binaries,
+    Stack,
+    StackError,
+    alertmanager_config,
+    find_binaries,
+    free_port,
+    prometheus_config,
+    wait_ready,
+    write_json,
+)
+from babysitter.demo.view import DemoView
+
+__all__ = ["DemoOptions", "FaultResult", "demo_generate_config", "match_pages", "run_demo"]
+
+log = logging.getLogger(__name__)
+
+RUN_NAME = "demo"
+CLUSTER = "demo"
+#: Seconds after the scenario's end to wait for the last pages (Prometheus eval + Alertmanager wait).
+PAGE_GRACE = 8.0
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What ``babysitter demo`` was asked to do."""
+
+    scenario: Scenario
+    workdir: Path | None = None
+    keep: bool = False
+    prometheus_bin: str | None = None
+    alertmanager_bin: str | None = None
+    strict: bool = False
+    pace: float = 0.1
+    checkpoint_interval: float = 10.0
+
+
+@dataclass(frozen=True)
+class FaultResult:
+    """A scripted fault and, for each alert it must cause, the delay of its first page (None: none)."""
+
+    event: DemoEvent
+    pages: dict[str, float | None]
+
+
+def demo_generate_config() -> Any:
+    """The generated rules' fast profile, with a slow-save alert a CPU demo can trip (1 s over 30 s)."""
+    from babysitter.generate import fast
+
+    return replace(fast(), checkpoint_save_slow_seconds=1.0, checkpoint_slow_window="30s")
+
+
+def match_pages(events: tuple[DemoEvent, ...], pages: list[Page], t0: float) -> list[FaultResult]:
+    """For each fault, the first firing page of each expected alert after it (same GPU for GPU faults)."""
+    results = []
+    for event in events:
+        found: dict[str, float | None] = {}
+        for name in event.expect:
+            delay = None
+            for page in pages:
+                if page.status != "firing" or page.name != name or page.received < t0 + event.at:
+                    continue
+                if event.gpu is not None and page.labels.get("gpu", str(event.gpu)) != str(event.gpu):
+                    continue
+                delay = page.received - t0 - event.at
+                break
+            found[name] = delay
+        results.append(FaultResult(event, found))
+    return results
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP stop the demo like Ctrl-C does (main thread only)."""
+
+    def _raise(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with suppress(ValueError, OSError):
+            old[sig] = signal.signal(sig, _raise)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            with suppress(ValueError, OSError):
+                signal.signal(sig, handler)
+
+
+class _Demo:
+    def __init__(self, options: DemoOptions, console: Any) -> None:
+        self.o = options
+        self.console = console
+        self.scenario = options.scenario
+        if options.workdir is not None:
+            options.workdir.mkdir(parents=True, exist_ok=True)
+            self.workdir = options.workdir.resolve()
+        else:
+            self.workdir = Path(tempfile.mkdtemp(prefix="babysitter-demo-"))
+        self.run_dir = self.workdir / "run"
+        self.registry = self.workdir / "registry"
+        self.stack = Stack(self.workdir)
+        self.binaries: Binaries = find_binaries(options.prometheus_bin, options.alertmanager_bin)
+        self.pager: PagerServer | None = None
+        self.prometheus_url: str | None = None
+        self.alertmanager_url: str | None = None
+        self.agent_address: str | None = None
+        self.t0 = 0.0
+        self.view: DemoView | None = None
+        self.pending_pages: list[Page] = []
+        self._prom_config: tuple[Path, list[Path], str | None] | None = None
+
+    # -------------------------------------------------------------------------------- start
+
+    def say(self, text: str, style: str | None = None) -> None:
+        if self.view is not None:
+            self.view.say(text, style)
+        else:
+            self.console.print(text, style=style, soft_wrap=True, highlight=False)
+
+    def _on_page(self, page: Page) -> None:
+        if self.view is not None:
+            self.view.page(page)
+        else:
+            self.pending_pages.append(page)
+
+    def start_monitoring(self) -> None:
+        from babysitter.generate import ALERT_RULES, RECORDING_RULES, render
+
+        missing = self.binaries.missing()
+        if missing:
+            self.say(
+                f"Missing: {' and '.join(missing)} (looked on PATH and in /usr/bin). The demo runs the "
+                f"training, the node agent and the report without {'them' if len(missing) > 1 else 'it'}; "
+                f"for alerts and pages install: {INSTALL_HINT}",
+                style="bold yellow",
+            )
+        if self.binaries.prometheus is None:
+            return
+        rules_dir = self.workdir / "rules"
+        rules_dir.mkdir(exist_ok=True)
+        files = render(demo_generate_config())
+        rule_files = []
+        for rel in (RECORDING_RULES, ALERT_RULES):
+            path = rules_dir / Path(rel).name
+            path.write_text(files[rel])
+            rule_files.append(path)
+        am_address = None
+        if self.binaries.alertmanager is not None:
+            self.pager = PagerServer(self._on_page).start()
+            am_dir = self.workdir / "alertmanager"
+            am_dir.mkdir(exist_ok=True)
+            config = write_json(am_dir / "alertmanager.yml", alertmanager_config(self.pager.url))
+            port = free_port()
+            am_address = f"127.0.0.1:{port}"
+            proc = self.stack.start(
+                "alertmanager",
+                [
+                    self.binaries.alertmanager,
+                    f"--config.file={config}",
+                    f"--storage.path={am_dir / 'data'}",
+                    f"--web.listen-address={am_address}",
+                    "--cluster.listen-address=",
+                    "--log.level=warn",
+                ],
+            )
+            self.alertmanager_url = f"http://{am_address}"
+            wait_ready(
+                f"{self.alertmanager_url}/-/ready",
+                proc,
+                timeout=30,
+                what="alertmanager",
+                log_path=self.stack.log_path("alertmanager"),
+            )
+        prom_dir = self.workdir / "prometheus"
+        prom_dir.mkdir(exist_ok=True)
+        self._prom_config = (prom_dir / "prometheus.yml", rule_files, am_address)
+        # No target yet: the node agent binds an ephemeral port later; point_prometheus() reloads.
+        config = write_json(
+            prom_dir / "prometheus.yml",
+            prometheus_config(agent=None, rule_files=rule_files, alertmanager=am_address, cluster=CLUSTER),
+        )
+        port = free_port()
+        proc = self.stack.start(
+            "prometheus",
+            [
+                self.binaries.prometheus,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={prom_dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--web.enable-lifecycle",
+                "--log.level=warn",
+            ],
+        )
+        self.prometheus_url = f"http://127.0.0.1:{port}"
+        wait_ready(
+            f"{self.prometheus_url}/-/ready",
+            proc,
+            timeout=60,
+            what="prometheus",
+            log_path=self.stack.log_path("prometheus"),
+        )
+
+    def point_prometheus(self) -> None:
+        """Add the node agent as Prometheus' target and reload its configuration."""
+        if self.prometheus_url is None or self.agent_address is None or self._prom_config is None:
+            return
+        path, rule_files, am_address = self._prom_config
+        write_json(
+            path,
+            prometheus_config(
+                agent=self.agent_address, rule_files=rule_files, alertmanager=am_address, cluster=CLUSTER
+            ),
+        )
+        request = urllib.request.Request(f"{self.prometheus_url}/-/reload", method="POST")  # noqa: S310
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback URL we built
+            if response.status != 200:
+                raise StackError(f"prometheus reload answered {response.status}")
+
+    def start_agent(self) -> None:
+        scenario_path = write_json(
+            self.workdir / "node-scenario.json", {"events": self.scenario.node_events()}
+        )
+        port_file = self.workdir / "node-agent.addr"
+        proc = self.stack.start(
+            "node-agent",
+            [
+                sys.executable, "-m", "babysitter", "node-agent",
+                "--listen-address", "127.0.0.1:0",
+                "--port-file", str(port_file),
+                "--simulate", str(self.scenario.gpus),
+                "--gpu-model", self.scenario.gpu_model,
+                "--scenario", str(scenario_path),
+                "--simulate-kernel-log", str(self.workdir / "kern.log"),
+                "--registry-dir", str(self.registry),
+                "--storage-path", str(self.run_dir),
+                "--storage-interval", "5",
+                "--checkpoint-run-dir", str(self.run_dir),
+                "--checkpoint-interval", "5",
+                "--collector-timeout", "0.8",
+            ],
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            if proc.poll() is not None:
+                raise StackError(
+                    f"node agent exited: {self.stack.log_path('node-agent').read_text()[-1500:]}"
+                )
+            if time.monotonic() > deadline:
+                raise StackError("node agent did not start in 60 s")
+            time.sleep(0.1)
+        self.agent_address = port_file.read_text().strip()
+
+    def start_trainer(self) -> None:
+        self.stack.start(
+            "trainer",
+            [
+                sys.executable, "-m", "babysitter.demo.trainer",
+                "--run-dir", str(self.run_dir),
+                "--registry-dir", str(self.registry),
+                "--run", RUN_NAME,
+                "--cluster", CLUSTER,
+                "--t0", repr(self.t0),
+                "--events", json.dumps(self.scenario.trainer_events()),
+                "--pace", repr(self.o.pace),
+                "--checkpoint-interval", repr(self.o.checkpoint_interval),
+            ],
+        )  # fmt: skip
+
+    def write_stack_file(self) -> None:
+        write_json(
+            self.workdir / "stack.json",
+            {
+                "prometheus": self.prometheus_url,
+                "alertmanager": self.alertmanager_url,
+                "pager": self.pager.url if self.pager else None,
+                "node_agent": f"http://{self.agent_address}/metrics",
+                "run_dir": str(self.run_dir),
+                "t0": self.t0,
+                "duration": self.scenario.duration,
+                "pids": {name: p.pid for name, p in self.stack.procs.items()},
+            },
+        )
+
+    # ---------------------------------------------------------------------------- play
+
+    def _source(self) -> Any:
+        from babysitter.top import MetricsSource, PrometheusSource
+
+        if self.prometheus_url:
+            return PrometheusSource(self.prometheus_url, window="20s", timeout=2.0)
+        return MetricsSource([f"http://{self.agent_address}/metrics"], timeout=2.0)
+
+    def play(self) -> None:
+        assert self.view is not None
+        source = self._source()
+        todo = list(self.scenario.events)
+        timers: list[tuple[float, str, str]] = []  # (due, action, process)
+        trainer_down_since: float | None = None
+        next_frame = 0.0
+        end = self.t0 + self.scenario.duration
+        while (now := time.time()) < end:
+            while todo and self.t0 + todo[0].at <= now:
+                event = todo.pop(0)
+                self.view.event(event)
+                if event.event in PROCESS_EVENTS:
+                    timers.extend(self._process_fault(event, now))
+            for item in sorted(t for t in timers if t[0] <= now):
+                timers.remove(item)
+                _, action, name = item
+                if action == "restart":
+                    self.say("training restarts (resumes from its last checkpoint)", style="cyan")
+                    self.start_trainer()
+                elif action == "cont":
+                    self.stack.signal(name, signal.SIGCONT)
+                    self.say("training process continues (SIGCONT)", style="cyan")
+            expected_down = any(a == "restart" for _, a, _ in timers)
+            if not self.stack.alive("trainer") and not expected_down:
+                if trainer_down_since is None:
+                    trainer_down_since = now
+                    code = self.stack.procs["trainer"].returncode
+                    self.say(
+                        f"training exited unexpectedly (code {code}); restarting in 5 s; "
+                        f"log: {self.stack.log_path('trainer')}",
+                        style="bold red",
+                    )
+                elif now - trainer_down_since > 5:
+                    trainer_down_since = None
+                    self.start_trainer()
+            if not self.stack.alive("node-agent"):
+                raise StackError(f"node agent died: {self.stack.log_path('node-agent').read_text()[-1500:]}")
+            if now >= next_frame:
+                next_frame = now + 1.0
+                try:
+                    frame = source.frame()
+                except Exception as exc:  # the view must not end the demo
+                    log.warning("demo: view refresh failed: %s", exc)
+                    frame = None
+                self.view.update(frame, todo[0] if todo else None)
+            time.sleep(0.2)
+        for _, action, name in timers:  # a freeze that outlasts the scenario
+            if action == "cont":
+                self.stack.signal(name, signal.SIGCONT)
+
+    def _process_fault(self, event: DemoEvent, now: float) -> list[tuple[float, str, str]]:
+        if event.event == "kill":
+            self.stack.signal("trainer", signal.SIGKILL)
+            with suppress(Exception):
+                self.stack.procs["trainer"].wait(timeout=5)
+            after = event.args.get("restart_after", 5.0)
+            return [] if after is None else [(now + float(after), "restart", "trainer")]
+        if event.event == "freeze":
+            self.stack.signal("trainer", signal.SIGSTOP)
+            return [(now + event.seconds, "cont", "trainer")]
+        return []
+
+    # ---------------------------------------------------------------------------- finish
+
+    def wait_for_pages(self) -> None:
+        if self.pager is None:
+            return
+        results = match_pages(self.scenario.events, self.pager.snapshot(), self.t0)
+        deadline = time.time() + PAGE_GRACE
+        while time.time() < deadline and any(d is None for r in results for d in r.pages.values()):
+            time.sleep(0.5)
+            results = match_pages(self.scenario.events, self.pager.snapshot(), self.t0)
+
+    def fault_table(self) -> list[FaultResult]:
+        from rich.table import Table
+
+        pages = self.pager.snapshot() if self.pager else []
+        results = match_pages(self.scenario.events, pages, self.t0)
+        table = Table(title="Scripted faults and their pages")
+        for col in ("at", "fault", "expected page", "paged after"):
+            table.add_column(col, justify="right" if col in ("at", "paged after") else "left")
+        for r in results:
+            if not r.pages:
+                table.add_row(f"{r.event.at:g}s", r.event.describe(), "-", "-")
+            for name, delay in r.pages.items():
+                if self.pager is None:
+                    cell = "no pager"
+                else:
+                    cell = "[bold red]not paged[/]" if delay is None else f"{delay:.1f}s"
+                table.add_row(f"{r.event.at:g}s", r.event.describe(), name, cell)
+        self.console.print(table)
+        return results
+
+    def report(self, *, final: bool) -> float | None:
+        from babysitter.cli.report import render_png, render_table
+        from babysitter.ledger import summarize
+
+        summary = summarize(self.run_dir)
+        if summary.state == "empty":
+            self.say(
+                "no ledger records: the training never stepped; see " + str(self.stack.log_path("trainer")),
+                style="bold red",
+            )
+            return None
+        self.console.print()
+        render_table(summary, console=self.console)
+        png = self.workdir / "goodput-report.png"
+        try:
+            render_png(summary, png)
+            png_text = str(png)
+        except (ImportError, OSError) as exc:
+            png_text = f"not written ({exc})"
+        t = summary.totals
+        lost = t.badput_seconds.get("lost_progress", 0.0)
+        self.console.print(
+            f"goodput {t.goodput:.4%} (productive {t.productive_seconds:.1f}s of {t.wall_seconds:.1f}s wall, "
+            f"{t.restarts} restart(s), {lost:.1f}s lost progress); ledger state {summary.state}",
+            soft_wrap=True, highlight=False,
+        )  # fmt: skip
+        self.console.print(f"report PNG: {png_text}", soft_wrap=True, highlight=False)
+        self.console.print(
+            f"same table any time: babysitter report {self.run_dir}", soft_wrap=True, highlight=False
+        )
+        return float(t.goodput)
+
+    def keep_message(self) -> None:
+        root = Path(__file__).resolve().parents[3]
+        dashboards = root / "dashboards"
+        lines = ["The stack keeps running (training continues, healthy) until Ctrl-C:"]
+        if self.prometheus_url:
+            lines.append(f"  Prometheus    {self.prometheus_url}  (rules: {self.workdir / 'rules'})")
+        if self.alertmanager_url:
+            lines.append(f"  Alertmanager  {self.alertmanager_url}")
+        lines.append(f"  node agent    http://{self.agent_address}/metrics")
+        lines.append(
+            f"  babysitter top --prometheus {self.prometheus_url}"
+            if self.prometheus_url
+            else f"  babysitter top --metrics http://{self.agent_address}/metrics"
+        )
+        lines.append(
+            "  Grafana: add a Prometheus data source with the URL above, then Dashboards > New > Import "
+            f"each JSON file of {dashboards if dashboards.is_dir() else 'dashboards/ (in the repository)'}"
+        )
+        for line in lines:
+            self.console.print(line, soft_wrap=True, highlight=False)
+
+
+def run_demo(options: DemoOptions, console: Any) -> int:
+    """Run the demo; 0 when it played through, 1 when the stack failed, 3 with ``strict`` and a fault
+    that was not paged, 130 after Ctrl-C."""
+    demo = _Demo(options, console)
+    code = 0
+    with _terminate_as_interrupt():
+        try:
+            console.print(f"babysitter demo: work directory {demo.workdir}", soft_wrap=True, highlight=False)
+            demo.start_monitoring()
+            demo.t0 = time.time()
+            demo.view = DemoView(console, t0=demo.t0, duration=demo.scenario.duration)
+            for page in demo.pending_pages:
+                demo.view.page(page)
+            demo.start_agent()
+            demo.point_prometheus()
+            demo.start_trainer()
+            demo.write_stack_file()
+            demo.say(
+                f"stack up: {demo.scenario.gpus} simulated {demo.scenario.gpu_model} GPUs (node agent "
+                f"http://{demo.agent_address}), tiny GPT training on CPU"
+                + (f", Prometheus {demo.prometheus_url}" if demo.prometheus_url else "")
+                + (", Alertmanager -> demo pager" if demo.alertmanager_url else ""),
+                style="bold",
+            )
+            demo.view.start()
+            try:
+                demo.play()
+            finally:
+                demo.view.stop()
+            if not options.keep:
+                demo.say("scenario over: stopping the training cleanly")
+                demo.stack.stop("trainer", grace=30)
+            demo.wait_for_pages()
+            results = demo.fault_table()
+            demo.report(final=not options.keep)
+            if demo.binaries.missing():
+                demo.say(
+                    f"alerts and pages were skipped: {' and '.join(demo.binaries.missing())} missing; "
+                    f"install: {INSTALL_HINT}",
+                    style="bold yellow",
+                )
+            elif options.strict and any(d is None for r in results for d in r.pages.values()):
+                code = 3
+            if options.keep:
+                demo.keep_message()
+                while True:
+                    time.sleep(1)
+        except KeyboardInterrupt:
+            console.print("\nbabysitter demo: interrupted, stopping everything it started", soft_wrap=True)
+            code = 130
+        except (StackError, OSError) as exc:
+            console.print(f"babysitter demo: {exc}", style="bold red", soft_wrap=True, highlight=False)
+            console.print(f"logs: {demo.stack.logs}", soft_wrap=True, highlight=False)
+            code = 1
+        finally:
+            if demo.view is not None:
+                demo.view.stop()
+            demo.stack.close()
+            if demo.pager is not None:
+                demo.pager.close()
+    return code

@@ -1,0 +1,250 @@
+"""The demo's script of faults: a JSON file format, its validation, and the default scenario.
+
+A scenario is ``{"duration": S, "gpus": N, "gpu_model": "H100", "events": [...]}``; each event has
+``at`` (seconds since the demo started) and ``event``:
+
+* training faults, played inside the training process: ``slow_checkpoint`` (``seconds``: the next
+  checkpoint save blocks that long, as on a slow file system) and ``hang`` (``seconds``: the training
+  loop stops stepping, as in a stuck collective; the process still answers scrapes);
+* process faults, played by the demo: ``kill`` (SIGKILL the training process; it is restarted after
+  ``restart_after`` seconds, default 5, and resumes from its last checkpoint, so the steps since then
+  are lost progress; ``null`` leaves it dead) and ``freeze`` (SIGSTOP for ``seconds``, then SIGCONT:
+  the process stops answering scrapes too);
+* node faults, played by the node agent's GPU simulator, with ``gpu``: every event of
+  :mod:`babysitter.node.simulate` (``xid79``, ``xid``, ``lost``, ``recover``, ``throttle``, ``ecc``...).
+
+``expect`` (a list of alert names) says which pages the fault must cause; each kind has a default
+(:data:`EXPECTED`), and the demo's closing table shows, for every fault, when its page arrived.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from babysitter.node.simulate import GPU_MODELS, parse_scenario
+
+__all__ = [
+    "DEFAULT_SCENARIO",
+    "EXPECTED",
+    "NODE_EVENTS",
+    "PROCESS_EVENTS",
+    "TRAINER_EVENTS",
+    "DemoEvent",
+    "Scenario",
+    "default_scenario",
+    "load_scenario",
+    "parse_scenario_data",
+]
+
+TRAINER_EVENTS = frozenset({"slow_checkpoint", "hang"})
+PROCESS_EVENTS = frozenset({"kill", "freeze"})
+NODE_EVENTS = frozenset(
+    {
+        "xid",
+        "xid79",
+        "xid48",
+        "lost",
+        "recover",
+        "hang_gpu",
+        "throttle",
+        "clear_throttle",
+        "ecc",
+        "remap",
+        "nvlink",
+        "pcie_replay",
+        "load",
+    }
+)
+
+#: The alerts each kind of fault must page, unless the event says otherwise with ``expect``.
+EXPECTED: dict[str, tuple[str, ...]] = {
+    "slow_checkpoint": ("CheckpointSaveSlow",),
+    "hang": ("TrainingStalled",),
+    "freeze": ("TrainingStalled",),
+    "kill": ("TrainingProcessExited",),
+    "xid79": ("GpuXidCritical", "GpuDown"),
+    "xid48": ("GpuXidCritical", "GpuEccUncorrectable"),
+    "lost": ("GpuDown",),
+}
+
+_MAX_DURATION = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class DemoEvent:
+    """One scripted fault."""
+
+    at: float
+    event: str
+    gpu: int | None = None
+    args: Mapping[str, Any] = field(default_factory=dict)
+    expect: tuple[str, ...] = ()
+
+    @property
+    def seconds(self) -> float:
+        """``seconds`` of a timed fault (slow checkpoint, hang, freeze)."""
+        return float(self.args.get("seconds", 0.0))
+
+    def describe(self) -> str:
+        """A short human description, for the terminal."""
+        if self.event == "slow_checkpoint":
+            return f"slow checkpoint save ({self.seconds:g} s)"
+        if self.event == "hang":
+            return f"training hangs for {self.seconds:g} s (stuck collective)"
+        if self.event == "freeze":
+            return f"training process frozen (SIGSTOP) for {self.seconds:g} s"
+        if self.event == "kill":
+            after = self.args.get("restart_after", 5.0)
+            tail = "not restarted" if after is None else f"restarted after {float(after):g} s"
+            return f"training killed (SIGKILL), {tail}"
+        if self.event == "xid79":
+            return f"Xid 79 on GPU {self.gpu}: fallen off the bus"
+        if self.event == "recover":
+            return f"GPU {self.gpu} back (reset)"
+        extra = " ".join(f"{k}={v}" for k, v in self.args.items())
+        return f"GPU {self.gpu}: {self.event} {extra}".rstrip()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated scenario."""
+
+    duration: float
+    gpus: int
+    gpu_model: str
+    events: tuple[DemoEvent, ...]
+
+    def node_events(self) -> list[dict[str, Any]]:
+        """The node faults in the simulator's scenario format (``hang_gpu`` becomes its ``hang``)."""
+        return [
+            {
+                "at": e.at,
+                "gpu": e.gpu,
+                "event": "hang" if e.event == "hang_gpu" else e.event,
+                **dict(e.args),
+            }
+            for e in self.events
+            if e.event in NODE_EVENTS
+        ]
+
+    def trainer_events(self) -> list[dict[str, Any]]:
+        """The faults the training process plays itself."""
+        return [
+            {"at": e.at, "event": e.event, "seconds": e.seconds}
+            for e in self.events
+            if e.event in TRAINER_EVENTS
+        ]
+
+    def truncated(self, duration: float) -> tuple[Scenario, list[DemoEvent]]:
+        """This scenario cut to ``duration`` seconds, and the events that no longer fit."""
+        keep = tuple(e for e in self.events if e.at < duration)
+        dropped = [e for e in self.events if e.at >= duration]
+        return Scenario(duration, self.gpus, self.gpu_model, keep), dropped
+
+
+def _number(where: str, value: object, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{where} must be >= 0, got {value!r}")
+    return float(value)
+
+
+def parse_scenario_data(data: object) -> Scenario:
+    """Validate decoded scenario JSON; ValueError naming the bad field."""
+    if not isinstance(data, dict):
+        raise ValueError('a demo scenario is an object: {"duration": S, "events": [...]}')
+    unknown = set(data) - {"duration", "gpus", "gpu_model", "events", "description"}
+    if unknown:
+        raise ValueError(f"unknown scenario keys: {', '.join(sorted(unknown))}")
+    duration = _number("duration", data.get("duration", 120.0))
+    assert duration is not None
+    if not 10.0 <= duration <= _MAX_DURATION:
+        raise ValueError(f"duration must lie between 10 s and {_MAX_DURATION:g} s, got {duration:g}")
+    gpus = data.get("gpus", 8)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
+        raise ValueError(f"gpus must be an integer from 1 to 64, got {gpus!r}")
+    model = data.get("gpu_model", "H100")
+    if model not in GPU_MODELS:
+        raise ValueError(f"gpu_model must be one of {', '.join(GPU_MODELS)}, got {model!r}")
+    raw = data.get("events", [])
+    if not isinstance(raw, list):
+        raise ValueError("events must be a list")
+    events: list[DemoEvent] = []
+    for i, item in enumerate(raw):
+        events.append(_event(f"event {i}", item, gpus))
+    events.sort(key=lambda e: e.at)
+    scenario = Scenario(duration, gpus, model, tuple(events))
+    # The simulator validates the node faults' own arguments, with its own messages.
+    parse_scenario(scenario.node_events(), gpus)
+    return scenario
+
+
+def _event(where: str, item: object, gpus: int) -> DemoEvent:
+    if not isinstance(item, dict):
+        raise ValueError(f"{where}: not an object")
+    kind = item.get("event")
+    known = TRAINER_EVENTS | PROCESS_EVENTS | NODE_EVENTS
+    if kind not in known:
+        raise ValueError(f"{where}: unknown event {kind!r}; one of {', '.join(sorted(known))}")
+    at = _number(f"{where}: 'at'", item.get("at"))
+    assert at is not None
+    args = {k: v for k, v in item.items() if k not in ("at", "event", "gpu", "expect")}
+    if kind in ("slow_checkpoint", "hang", "freeze"):
+        seconds = _number(f"{where}: 'seconds'", args.get("seconds"))
+        if not seconds:
+            raise ValueError(f"{where}: {kind} needs 'seconds' > 0")
+    if kind == "kill":
+        _number(f"{where}: 'restart_after'", args.get("restart_after", 5.0), allow_none=True)
+    gpu: int | None = None
+    if kind in NODE_EVENTS:
+        raw_gpu = item.get("gpu")
+        if isinstance(raw_gpu, bool) or not isinstance(raw_gpu, int) or not 0 <= raw_gpu < gpus:
+            raise ValueError(f"{where}: {kind} needs 'gpu' from 0 to {gpus - 1}, got {raw_gpu!r}")
+        gpu = raw_gpu
+    elif "gpu" in item:
+        raise ValueError(f"{where}: {kind} is not a GPU event; remove 'gpu'")
+    expect = item.get("expect", list(EXPECTED.get(str(kind), ())))
+    if not isinstance(expect, list) or not all(isinstance(x, str) and x.isidentifier() for x in expect):
+        raise ValueError(f"{where}: 'expect' must be a list of alert names")
+    return DemoEvent(at, str(kind), gpu, args, tuple(expect))
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Read and validate a scenario file; ValueError with the path when it is unreadable or wrong."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"scenario {path}: {exc}") from exc
+    try:
+        return parse_scenario_data(data)
+    except ValueError as exc:
+        raise ValueError(f"scenario {path}: {exc}") from exc
+
+
+#: The default story, about two minutes: each fault well apart so every page is easy to follow.
+DEFAULT_SCENARIO: dict[str, Any] = {
+    "description": "healthy stretch, slow checkpoint, Xid 79, training killed and restarted, hang, recovery",
+    "duration": 125,
+    "gpus": 8,
+    "gpu_model": "H100",
+    "events": [
+        {"at": 25, "event": "slow_checkpoint", "seconds": 6},
+        {"at": 40, "event": "xid79", "gpu": 3},
+        {"at": 48, "event": "kill", "restart_after": 4},
+        {"at": 58, "event": "recover", "gpu": 3},
+        {"at": 72, "event": "hang", "seconds": 28},
+    ],
+}
+
+
+def default_scenario() -> Scenario:
+    """The built-in scenario (also in ``examples/demo-scenario.json``)."""
+    return parse_scenario_data(DEFAULT_SCENARIO)

@@ -1,0 +1,313 @@
+"""The demo's training run: a tiny GPT on CPU, tracked by ``babysitter.watch``, with real checkpoints.
+
+Run as a child process by the demo (``python -m babysitter.demo.trainer ...``); it is an ordinary
+training script: resume from the newest checkpoint in the run directory, train, save a checkpoint every
+``--checkpoint-interval`` seconds of demo time (atomic rename, the newest three kept), stop cleanly on
+SIGTERM. Saving on the demo's clock rather than every N steps keeps the progress a kill loses the same
+from one machine to the next, whatever the startup took. The
+tracker writes the goodput ledger into the same run directory and registers its endpoint for the node
+agent.
+
+Two faults of the scenario play in here, at their time since ``--t0`` (the demo's start), so that a
+restarted process does not replay the ones before it started: a slow checkpoint save (the save blocks
+for the given seconds, as on a slow file system) and a hang (the loop stops stepping while the process
+still answers scrapes, as in a stuck collective). A small watchdog thread reports hangs to the ledger
+(``Tracker.record_hang``), so the report books that time as ``hang``.
+
+Steps are paced (``--pace`` seconds each at least; the pause sits inside the step, as a slower model
+would) so the demo leaves CPU for everything else on a small machine. MFU is measured against the
+single-thread float32 matmul throughput of this CPU, calibrated once per run and kept in the run
+directory, so restarts compare against the same peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TinyConfig", "main"]
+
+log = logging.getLogger("babysitter.demo.trainer")
+
+_CKPT = re.compile(r"^step-(\d{8})\.pt$")
+_KEEP = 3
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """GPT-2-style hyperparameters (attribute names as in Hugging Face's GPT2Config)."""
+
+    vocab_size: int = 256
+    n_positions: int = 64
+    n_embd: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+
+
+def build_model(cfg: TinyConfig) -> Any:
+    """A tiny GPT-style decoder in plain torch (pre-LN blocks, causal attention, untied LM head)."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1 = nn.LayerNorm(cfg.n_embd)
+            self.attn = nn.MultiheadAttention(cfg.n_embd, cfg.n_head, batch_first=True)
+            self.ln2 = nn.LayerNorm(cfg.n_embd)
+            self.mlp = nn.Sequential(
+                nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+            )
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            h = self.ln1(x)
+            x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+            out: torch.Tensor = x + self.mlp(self.ln2(x))
+            return out
+
+    class TinyGPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = cfg
+            self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+            self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
+            self.blocks = nn.ModuleList(Block() for _ in range(cfg.n_layer))
+            self.ln_f = nn.LayerNorm(cfg.n_embd)
+            self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            t = idx.shape[1]
+            mask = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
+            x = self.wte(idx) + self.wpe(torch.arange(t))
+            for block in self.blocks:
+                x = block(x, mask)
+            logits: torch.Tensor = self.head(self.ln_f(x))
+            return logits
+
+    return TinyGPT()
+
+
+def flops_per_token(model: Any, seq_len: int) -> float:
+    """PaLM's 6N + 12·L·H·Q·T (N: parameters without the token and position embeddings)."""
+    cfg: TinyConfig = model.config
+    n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("wte", "wpe")))
+    return float(6 * n + 12 * cfg.n_layer * cfg.n_embd * seq_len)
+
+
+def calibrate_peak(seconds: float = 0.3) -> float:
+    """Single-thread float32 matmul FLOP/s of this CPU: the demo's stand-in for a GPU's dense peak."""
+    import torch
+
+    a = torch.randn(256, 256)
+    b = torch.randn(256, 256)
+    torch.mm(a, b)
+    n, t0 = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - t0) < seconds:
+        torch.mm(a, b)
+        n += 1
+    return 2 * 256**3 * n / elapsed
+
+
+def _peak(run_dir: Path) -> float:
+    path = run_dir / "demo-peak.json"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        value = float(json.loads(path.read_text())["peak_flops"])
+        if value > 0:
+            return value
+    value = calibrate_peak()
+    with contextlib.suppress(OSError):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"peak_flops": value, "what": "1-thread fp32 matmul FLOP/s"}))
+        tmp.replace(path)
+    return value
+
+
+def _checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in ckpt_dir.iterdir():
+            match = _CKPT.match(entry.name)
+            if match:
+                found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+class _Watchdog:
+    """Report a hang to the ledger once per stall: no step for ``after`` seconds (checkpoints excluded)."""
+
+    def __init__(self, tracker: Any, after: float) -> None:
+        self._tracker = tracker
+        self._after = after
+        self._stop = threading.Event()
+        self._reported_at_step = -1
+        self._thread = threading.Thread(target=self._loop, name="demo-watchdog", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                if self._tracker.steps == 0:  # still starting up: that is startup, not a hang
+                    continue
+                age = self._tracker.seconds_since_last_step()
+                step = self._tracker.global_step
+                if age is not None and age > self._after and step != self._reported_at_step:
+                    self._tracker.record_hang(age)
+                    self._reported_at_step = step
+                    log.warning("demo trainer: no step for %.1f s, hang reported to the ledger", age)
+            except Exception as exc:  # the watchdog must not take training down
+                log.warning("demo trainer: watchdog: %s", exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m babysitter.demo.trainer", description=__doc__)
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--registry-dir", type=Path, required=True)
+    p.add_argument("--run", default="demo")
+    p.add_argument(
+        "--t0", type=float, default=None, help="Unix time the demo started (event times count from it)"
+    )
+    p.add_argument("--events", default="[]", help="JSON list of trainer faults: {at, event, seconds}")
+    p.add_argument(
+        "--checkpoint-interval", type=float, default=10.0, help="seconds of demo time between saves"
+    )
+    p.add_argument("--pace", type=float, default=0.1, help="minimum seconds per step")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument(
+        "--hang-after", type=float, default=5.0, help="seconds without a step the watchdog calls a hang"
+    )
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this global step (0: until SIGTERM)")
+    p.add_argument("--cluster", default="demo")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train until SIGTERM/SIGINT (or ``--max-steps``); 0 after a clean stop."""
+    args = _parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    started = time.time()
+    t0 = args.t0 if args.t0 is not None else started
+    events = [e for e in json.loads(args.events) if float(e["at"]) >= started - t0]
+    events.sort(key=lambda e: float(e["at"]))
+
+    import torch
+
+    import babysitter
+
+    torch.set_num_threads(1)
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_dir = args.run_dir / "checkpoints"
+    ckpt_dir.mkdir(exist_ok=True)
+    cfg = TinyConfig(n_positions=max(64, args.seq_len))
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    tokens = args.batch * args.seq_len
+    tracker = babysitter.watch(
+        model,
+        run=args.run,
+        tokens_per_step=tokens,
+        samples_per_step=args.batch,
+        flops_per_token=flops_per_token(model, args.seq_len),
+        peak_flops=_peak(args.run_dir),
+        dtype="fp32",
+        port=0,
+        run_dir=args.run_dir,
+        registry_dir=args.registry_dir,
+        labels={"cluster": args.cluster},
+        flush_interval=0.5,
+        mfu_window=20.0,
+        timing="cpu",
+    )
+    step = 0
+    existing = _checkpoints(ckpt_dir)
+    if existing:
+        step, path = existing[-1]
+        with tracker.checkpoint_load(step=step, path=str(path)):
+            state = torch.load(path, weights_only=True)
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+        log.info("demo trainer: resumed from step %d (%s)", step, path.name)
+    watchdog = _Watchdog(tracker, args.hang_after)
+    slow_save = 0.0
+    saved_slot = int((time.time() - t0) // args.checkpoint_interval)
+    try:
+        while not stop.is_set() and not (args.max_steps and step >= args.max_steps):
+            now = time.time() - t0
+            while events and float(events[0]["at"]) <= now:
+                event = events.pop(0)
+                if event["event"] == "slow_checkpoint":
+                    slow_save = float(event["seconds"])
+                elif event["event"] == "hang":
+                    log.warning("demo trainer: hanging for %.0f s (scenario)", float(event["seconds"]))
+                    stop.wait(float(event["seconds"]))
+            t_step = time.perf_counter()
+            gen = torch.Generator().manual_seed(step)  # the data of a step is the same after a restart
+            data = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=gen)
+            logits = model(data[:, :-1])
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, cfg.vocab_size), data[:, 1:].reshape(-1)
+            )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            opt.step()
+            rest = args.pace - (time.perf_counter() - t_step)
+            if rest > 0:
+                time.sleep(rest)
+            step += 1
+            tracker.step(loss=loss.detach())
+            slot = int((time.time() - t0) // args.checkpoint_interval)
+            if slot > saved_slot or slow_save:
+                _save(tracker, model, opt, ckpt_dir=ckpt_dir, step=step, extra_seconds=slow_save)
+                slow_save = 0.0
+                saved_slot = slot
+    finally:
+        watchdog.close()
+        tracker.close(clean=True)
+    log.info("demo trainer: stopped at step %d", step)
+    return 0
+
+
+def _save(tracker: Any, model: Any, opt: Any, *, ckpt_dir: Path, step: int, extra_seconds: float) -> None:
+    import torch
+
+    path = ckpt_dir / f"step-{step:08d}.pt"
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tracker.checkpoint_save(step=step, path=str(path)) as ckpt:
+        if extra_seconds:
+            log.warning("demo trainer: slow storage, this save blocks %.0f s (scenario)", extra_seconds)
+            time.sleep(extra_seconds)
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        tmp.replace(path)
+        ckpt.nbytes = path.stat().st_size
+    for _, old in _checkpoints(ckpt_dir)[:-_KEEP]:
+        with contextlib.suppress(OSError):
+            old.unlink()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

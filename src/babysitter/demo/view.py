@@ -1,0 +1,142 @@
+"""The demo's terminal: scenario events and pages as lines the moment they happen, and a live view.
+
+On a terminal, a rich ``Live`` panel at the bottom shows the clock, the next scripted fault and the
+``babysitter top`` tables (runs, nodes, alerts), while events and pages scroll above it. Piped to a file
+or a CI log, there is no animation: the same event and page lines, plus a one-line status every
+``status_every`` seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from babysitter.demo.pager import Page
+from babysitter.demo.scenario import DemoEvent
+from babysitter.top import Frame, RunRow, render
+
+__all__ = ["DemoView"]
+
+
+def _run_status(run: RunRow) -> str:
+    parts = [f"run {run.run}: step {run.step if run.step is not None else '-'}"]
+    if run.mfu is not None:
+        parts.append(f"MFU {run.mfu:.1%}")
+    if run.goodput is not None:
+        parts.append(f"goodput {run.goodput:.1%}")
+    if run.step_seconds is not None:
+        parts.append(f"step {run.step_seconds * 1000:.0f}ms")
+    if run.checkpoint_age is not None:
+        parts.append(f"last ckpt {run.checkpoint_age:.0f}s ago")
+    return ", ".join(parts)
+
+
+class DemoView:
+    """Everything the demo prints goes through here (one lock: lines never interleave)."""
+
+    def __init__(
+        self,
+        console: Any,
+        *,
+        t0: float,
+        duration: float,
+        live: bool | None = None,
+        status_every: float = 15.0,
+    ) -> None:
+        self.console = console
+        self.t0 = t0
+        self.duration = duration
+        self.live_enabled = console.is_terminal if live is None else live
+        self.status_every = status_every
+        self._lock = threading.RLock()
+        self._live: Any = None
+        self._frame: Frame | None = None
+        self._next: DemoEvent | None = None
+        self._pages: list[Page] = []
+        self._last_status = 0.0
+
+    def _clock(self, at: float | None = None) -> str:
+        return f"[+{(at if at is not None else time.time()) - self.t0:5.1f}s]"
+
+    def start(self) -> None:
+        """Start the live panel (terminal only)."""
+        if not self.live_enabled:
+            return
+        from rich.live import Live
+
+        with self._lock:
+            self._live = Live(self._panel(), console=self.console, refresh_per_second=2, transient=True)
+            self._live.start()
+
+    def stop(self) -> None:
+        """Remove the live panel; later output is plain lines."""
+        with self._lock:
+            if self._live is not None:
+                self._live.stop()
+                self._live = None
+
+    def say(self, text: str, style: str | None = None) -> None:
+        """A timestamped line."""
+        with self._lock:
+            self.console.print(f"{self._clock()} {text}", style=style, soft_wrap=True, highlight=False)
+
+    def event(self, event: DemoEvent) -> None:
+        """A scripted fault happens now."""
+        self.say(f"FAULT {event.describe()}", style="bold yellow")
+
+    def page(self, page: Page) -> None:
+        """A page arrived from Alertmanager."""
+        with self._lock:
+            self._pages.append(page)
+            if page.status == "firing":
+                line = (
+                    f"{self._clock(page.received)} PAGE {page.severity} {page.name} {page.subject()}: "
+                    f"{page.summary}"
+                )
+                style = "bold red" if page.severity == "critical" else "red"
+            else:
+                line = f"{self._clock(page.received)} RESOLVED {page.name} {page.subject()}"
+                style = "green"
+            self.console.print(line, style=style, soft_wrap=True, highlight=False, markup=False)
+            self._refresh()
+
+    def update(self, frame: Frame | None, next_event: DemoEvent | None) -> None:
+        """New data for the live panel (or, without one, a status line now and then)."""
+        with self._lock:
+            self._frame = frame
+            self._next = next_event
+            if self._live is not None:
+                self._refresh()
+                return
+            now = time.time()
+            if frame is None or now - self._last_status < self.status_every:
+                return
+            self._last_status = now
+            for run in frame.runs:
+                self.say(_run_status(run), style="dim")
+            for node in frame.nodes:
+                xids = " ".join(f"Xid {c} x{n}" for c, n in node.xids.items())
+                self.say(
+                    f"node {node.instance}: {node.gpus_up}/{node.gpus} GPUs up {xids}".rstrip(), style="dim"
+                )
+
+    def _refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self._panel())
+
+    def _panel(self) -> Any:
+        from rich.console import Group
+        from rich.panel import Panel
+        from rich.text import Text
+
+        elapsed = time.time() - self.t0
+        head = Text(f"babysitter demo  {elapsed:5.0f}s / {self.duration:.0f}s", style="bold")
+        if self._next is not None:
+            head.append(
+                f"   next fault in {self._next.at - elapsed:4.0f}s: {self._next.describe()}", style="yellow"
+            )
+        parts: list[Any] = [head]
+        if self._frame is not None:
+            parts.append(render(self._frame))
+        return Panel(Group(*parts), title="live view (Ctrl-C stops everything)", expand=False)
