@@ -87,6 +87,9 @@ def test_prometheus_scrapes_agent_and_faults_are_visible(tmp_path: Path) -> None
     argv = [sys.executable, "-m", "babysitter", "node-agent", "--simulate", "2", "--scenario", str(scenario)]
     argv += ["--port", "0", "--port-file", str(tmp_path / "addr"), "--registry-dir", str(reg)]
     argv += ["--simulate-kernel-log", str(klog), "--collector-timeout", "5"]
+    (tmp_path / "gpu-jobs").mkdir()
+    (tmp_path / "gpu-jobs" / "0").write_text("4242\n")
+    argv += ["--gpu-job-dir", str(tmp_path / "gpu-jobs")]
     storage = _has("babysitter.node.storage")
     if storage:
         argv += ["--storage-path", str(ckpt), "--storage-interval", "1", "--storage-size", "4096"]
@@ -119,6 +122,7 @@ def test_prometheus_scrapes_agent_and_faults_are_visible(tmp_path: Path) -> None
             assert prom.query_value(f'{N.GPU_XID_ERRORS.name}{{gpu="0",xid="13"}}') == 1  # NVML + kmsg: once
             assert prom.query_value(f'{N.GPU_CLOCK_EVENT_ACTIVE.name}{{gpu="1",reason="sw_power_cap"}}') == 1
             assert prom.query_value(f'{T.STEPS.name}{{run="node-itest"}}') > 0
+            assert prom.query_value(f'{N.GPU_JOB.name}{{gpu="0",hpc_job="4242"}}') == 1
 
             # Fault 1: GPU 1 falls off the bus (Xid 79); the agent keeps serving the rest.
             prom.wait_for(f'{N.GPU_UP.name}{{gpu="1"}} == 0', timeout=LOST_AT + 20)

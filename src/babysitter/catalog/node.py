@@ -13,6 +13,7 @@ __all__ = [
     "GPU_CLOCK_EVENT_ACTIVE",
     "GPU_ECC_ERRORS",
     "GPU_ENERGY",
+    "GPU_JOB",
     "GPU_LABELS",
     "GPU_MEMORY_CLOCK",
     "GPU_MEMORY_TOTAL",
@@ -104,6 +105,13 @@ GPU_NVLINK_ERRORS = _gpu(
     labels=("link", "type"),
 )
 GPU_PCIE_REPLAYS = _gpu("gpu_pcie_replays_total", "counter", "", "PCIe replay counter.")
+GPU_JOB = _gpu(
+    "gpu_job_info",
+    "info",
+    "",
+    "1 for each batch job holding the GPU, from the job mapping a Slurm prolog writes; join on uuid.",
+    labels=("hpc_job",),
+)
 GPU_QUERY_ERRORS = _gpu(
     "babysitter_gpu_query_errors_total",
     "counter",
@@ -188,6 +196,7 @@ METRICS: tuple[MetricSpec, ...] = (
     GPU_XID_ERRORS,
     GPU_NVLINK_ERRORS,
     GPU_PCIE_REPLAYS,
+    GPU_JOB,
     GPU_QUERY_ERRORS,
     COLLECTOR_SUCCESS,
     COLLECTOR_DURATION,

@@ -50,6 +50,7 @@ COLLECTORS: dict[str, str] = {
     "storage": "storage probe in each --storage-path (on when paths are given)",
     "sentinel": "checkpoint sentinel over each --checkpoint-run-dir (on when dirs are given)",
     "trainers": "metrics of the training processes registered on this host (on by default)",
+    "jobs": "which batch job holds each GPU, from --gpu-job-dir (on when the directory is given)",
 }
 GPU_BACKENDS = ("auto", "nvml", "dcgm", "none")
 
@@ -84,6 +85,7 @@ class AgentConfig:
     checkpoint_keep_last: int = 3
     checkpoint_interval: float = 30.0
     collector_timeout: float = 10.0
+    gpu_job_dir: Path | None = None
     collectors: dict[str, bool] = field(default_factory=dict)
 
     @property
@@ -104,6 +106,8 @@ class AgentConfig:
             return bool(self.storage_path)
         if name == "sentinel":
             return bool(self.checkpoint_run_dir)
+        if name == "jobs":
+            return self.gpu_job_dir is not None
         if name == "gpu":
             return self.gpu_backend != "none"
         return True
@@ -132,6 +136,7 @@ _HELP: dict[str, str] = {
     "checkpoint_keep_last": "how many of the newest checkpoints the sentinel verifies (default 3)",
     "checkpoint_interval": "seconds between checkpoint sentinel passes (default 30)",
     "collector_timeout": "seconds one collector may take before it is reported failed (default 10)",
+    "gpu_job_dir": "per-GPU job id files written by a Slurm prolog (dcgm-exporter's hpc-job-mapping format)",
 }
 
 
@@ -153,6 +158,7 @@ _METAVAR = {
     "storage_size": "BYTES",
     "checkpoint_run_dir": "DIR",
     "checkpoint_keep_last": "K",
+    "gpu_job_dir": "DIR",
 }
 
 
@@ -359,6 +365,8 @@ def _validate(c: AgentConfig) -> None:
         raise ConfigError("storage size and checkpoint keep-last must be positive")
     if c.collectors.get("storage") and not c.storage_path:
         raise ConfigError("the storage collector needs at least one --storage-path")
+    if c.collectors.get("jobs") and c.gpu_job_dir is None:
+        raise ConfigError("the jobs collector needs --gpu-job-dir")
     if c.collectors.get("sentinel") and not c.checkpoint_run_dir:
         raise ConfigError("the sentinel collector needs at least one --checkpoint-run-dir")
     if c.collectors.get("gpu") and c.gpu_backend == "none" and not c.simulate:

@@ -23,6 +23,7 @@ from babysitter.node.agent import Agent, Server
 from babysitter.node.collector import Collector, GpuIdentity
 from babysitter.node.config import AgentConfig, ConfigError
 from babysitter.node.gpu import GpuCollector
+from babysitter.node.jobs import GpuJobsCollector
 from babysitter.node.nvml import NvmlUnavailable, load_pynvml
 from babysitter.node.simulate import Simulator, load_scenario
 from babysitter.node.trainers import TrainersCollector
@@ -115,6 +116,8 @@ def build(config: AgentConfig) -> Running:
             )
             if sentinel is not None:
                 collectors.append(sentinel)
+        if config.enabled("jobs") and config.gpu_job_dir is not None:
+            collectors.append(GpuJobsCollector(config.gpu_job_dir, gpus=identities))
         if config.enabled("trainers"):
             ca = str(config.trainer_ca_file) if config.trainer_ca_file else None
             collectors.append(
