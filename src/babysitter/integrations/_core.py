@@ -1,0 +1,227 @@
+"""What the Lightning and Hugging Face callbacks share: a tracker driven by framework events.
+
+The frameworks differ only in which hook says what; this class turns "a micro-batch went through",
+"the optimizer stepped", "evaluation started" and "a checkpoint is being written" into tracker
+calls. Everything here runs on the training thread and is cheap: it reads tensor shapes (metadata,
+never values), adds integers and reads the host clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from babysitter.straggler import StragglerMonitor
+from babysitter.tracker import Tracker
+from babysitter.watch import watch
+
+__all__ = ["CallbackCore", "batch_counts", "find_config_owner"]
+
+log = logging.getLogger("babysitter")
+
+_TOKEN_KEYS = ("input_ids", "attention_mask", "labels", "decoder_input_ids")
+_UNSET: Any = object()
+
+
+def _shape(value: object) -> tuple[int, ...] | None:
+    shape = getattr(value, "shape", None)
+    if shape is None or not hasattr(value, "dtype"):
+        return None
+    try:
+        return tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def _is_integer_tensor(value: object) -> bool:
+    dtype = getattr(value, "dtype", None)
+    return (
+        dtype is not None
+        and getattr(dtype, "is_floating_point", True) is False
+        and not getattr(dtype, "is_complex", False)
+    )
+
+
+def batch_counts(batch: object) -> tuple[int | None, int | None, int | None]:
+    """(tokens, samples, sequence length) of a batch from tensor shapes only (no device sync).
+
+    Tokens are ``input_ids.numel()`` (padding included, as torchtitan and PaLM count them); a dict
+    batch uses ``input_ids`` (else ``attention_mask``...), a tensor or a tuple's first tensor counts
+    when it holds integer token ids of shape (batch, seq). Unknown shapes give None.
+    """
+    value: object = None
+    if isinstance(batch, Mapping):
+        for key in _TOKEN_KEYS:
+            if key in batch:
+                value = batch[key]
+                break
+    elif isinstance(batch, (tuple, list)) and batch:
+        value = batch[0]
+    else:
+        value = batch
+    shape = _shape(value)
+    if shape is None or len(shape) < 2 or not _is_integer_tensor(value):
+        samples = shape[0] if shape else None
+        return None, samples, None
+    tokens = 1
+    for d in shape:
+        tokens *= d
+    return tokens, shape[0], shape[-1]
+
+
+def find_config_owner(model: object) -> object | None:
+    """The model itself or its first child carrying a ``config`` (Hugging Face style, for FLOPs)."""
+    if model is None:
+        return None
+    if getattr(model, "config", None) is not None:
+        return model
+    children = getattr(model, "children", None)
+    if callable(children):
+        try:
+            for child in children():
+                if getattr(child, "config", None) is not None:
+                    found: object = child
+                    return found
+        except Exception:  # noqa: S110 - not a module after all
+            pass
+    return None
+
+
+class CallbackCore:
+    """A tracker and its helpers, created when the framework is ready (lazily if seq_len is unknown)."""
+
+    def __init__(self, *, straggler_every: int | None, watch_kwargs: dict[str, Any]) -> None:
+        if straggler_every is not None and (
+            isinstance(straggler_every, bool) or not isinstance(straggler_every, int) or straggler_every < 2
+        ):
+            raise ValueError(f"straggler_every must be an int >= 2 or None, got {straggler_every!r}")
+        if "model" in watch_kwargs:
+            raise ValueError("the callback takes the model from the framework; do not pass model=")
+        self.watch_kwargs = watch_kwargs
+        self.straggler_every = straggler_every
+        self.tracker: Tracker | None = None
+        self.straggler: StragglerMonitor | None = None
+        self._model: object = None
+        self._pending_tokens = 0
+        self._pending_samples = 0
+        self._counts_known = True
+        self._phase: Any = None
+        self._checkpoint: Any = None
+        self._checkpoint_handle: Any = None
+
+    # ------------------------------------------------------------------ setup
+
+    def needs_seq_len(self, model: object) -> bool:
+        """True when FLOPs would come from a config but no sequence length is known yet."""
+        kw = self.watch_kwargs
+        return (
+            kw.get("flops_per_token") is None
+            and kw.get("seq_len") is None
+            and find_config_owner(model) is not None
+        )
+
+    def ensure(self, model: object, seq_len: int | None = None, **defaults: Any) -> Tracker | None:
+        """Create the tracker once (on every rank, at the same point of training). Never raises twice."""
+        if self.tracker is not None:
+            return self.tracker
+        self._model = model
+        kwargs = {**defaults, **self.watch_kwargs}
+        owner = find_config_owner(model) if kwargs.get("flops_per_token") is None else None
+        if kwargs.get("seq_len") is None and seq_len is not None and owner is not None:
+            kwargs["seq_len"] = seq_len
+        try:
+            self.tracker = watch(owner, **kwargs)
+        except ValueError as exc:
+            if owner is None or "FLOPs" not in str(exc):
+                raise
+            log.warning("babysitter: %s; tracking without FLOPs/MFU", exc)
+            self.tracker = watch(None, **kwargs)
+        if self.straggler_every is not None:
+            monitor = StragglerMonitor(self.tracker, every=self.straggler_every)
+            if monitor.start():
+                self.straggler = monitor
+        return self.tracker
+
+    # ------------------------------------------------------------------ training thread
+
+    def micro_batch(self, tokens: int | None, samples: int | None) -> None:
+        """Count one micro-batch's tokens and samples toward the next optimizer step."""
+        if tokens is None:
+            self._counts_known = False
+        else:
+            self._pending_tokens += tokens
+        if samples is not None:
+            self._pending_samples += samples
+
+    def optimizer_step(self, step: int | None = None, loss: object = None) -> None:
+        """One optimizer step finished (after all its micro-batches)."""
+        tracker = self.tracker
+        if tracker is None:
+            return
+        tokens = self._pending_tokens if self._counts_known and self._pending_tokens else None
+        samples = self._pending_samples or None
+        self._pending_tokens = self._pending_samples = 0
+        self._counts_known = True
+        tracker.step(tokens=tokens, samples=samples, loss=loss, step=step)
+        if self.straggler is not None:
+            self.straggler.after_step()
+
+    def phase_begin(self, name: str) -> None:
+        """Enter a marked phase (evaluation) unless one is open."""
+        if self.tracker is None or self._phase is not None:
+            return
+        self._phase = self.tracker.phase(name)
+        self._phase.__enter__()
+
+    def phase_end(self) -> None:
+        """Leave the open phase, if any."""
+        phase, self._phase = self._phase, None
+        if phase is not None:
+            phase.__exit__(None, None, None)
+
+    @property
+    def in_phase(self) -> bool:
+        """True while a phase is open."""
+        return self._phase is not None
+
+    def save_begin(self, step: int | None = None, path: str | None = None) -> None:
+        """A checkpoint save started (its blocking part is timed until :meth:`save_end`)."""
+        if self.tracker is None or self._checkpoint is not None:
+            return
+        self._checkpoint = self.tracker.checkpoint_save(step=step, path=path)
+        self._checkpoint_handle = self._checkpoint.__enter__()
+
+    def save_end(self, path: str | os.PathLike[str] | None = _UNSET, *, ok: bool = True) -> None:
+        """The save finished; ``path`` (file or directory) gives the bytes written."""
+        context, self._checkpoint = self._checkpoint, None
+        if context is None:
+            return
+        handle = self._checkpoint_handle
+        if path is not _UNSET and path is not None:
+            handle.path = str(path)
+            handle.nbytes = _size(Path(path))
+        exc = None if ok else RuntimeError("checkpoint save failed")
+        context.__exit__(None if ok else RuntimeError, exc, None)
+
+    def close(self) -> None:
+        """Close open phases and the tracker (flushes the ledger, stops serving)."""
+        self.phase_end()
+        if self._checkpoint is not None:
+            self.save_end(None, ok=False)
+        if self.tracker is not None:
+            self.tracker.close()
+
+
+def _size(path: Path) -> int | None:
+    """Bytes of a checkpoint file or directory; None when it cannot be read."""
+    try:
+        if path.is_file():
+            return path.stat().st_size
+        if path.is_dir():
+            return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,134 @@
+"""``transformers.Trainer(callbacks=[Babysitter()])``: the tracker, driven by the Trainer's events.
+
+Hugging Face callbacks see neither the batch nor the start of evaluation or of a save, so:
+
+* **Tokens and samples** come from a forward pre-hook on the model, registered in
+  ``on_train_begin``: it reads ``input_ids``' shape (metadata, no sync) of every training
+  micro-batch. The same hook notices the first evaluation forward and opens the ``eval`` phase,
+  which ``on_evaluate`` closes.
+* **Steps**: one ``tracker.step()`` per ``on_step_end``, i.e. per optimizer step
+  (``gradient_accumulation_steps`` micro-batches are summed).
+* **Loss**: the value the Trainer logs (``on_log``), already a Python float, so no extra sync.
+* **Checkpoint saves**: ``DefaultFlowCallback`` decides ``control.should_save`` before this
+  callback's ``on_step_end``; the save starts right after that hook (or after ``on_evaluate``
+  when the step also evaluates) and ends at ``on_save``. Loads (``resume_from_checkpoint``) happen
+  before any callback runs and are not timed; the step counter continues from the resumed step.
+* **FLOPs** from ``model.config``; without ``seq_len`` the tracker starts at the first batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from transformers import TrainerCallback
+
+from babysitter.integrations._core import CallbackCore, batch_counts
+from babysitter.tracker import Tracker
+
+__all__ = ["Babysitter"]
+
+log = logging.getLogger("babysitter")
+
+
+class Babysitter(TrainerCallback):  # type: ignore[misc, unused-ignore]
+    """Hugging Face Trainer callback exporting babysitter's per-rank training metrics.
+
+    >>> trainer = transformers.Trainer(model, args, callbacks=[Babysitter(run_dir=args.output_dir)])
+
+    Args:
+        straggler_every: steps between straggler score exchanges (None: off).
+        **watch_kwargs: anything :func:`babysitter.watch` takes except ``model``.
+    """
+
+    def __init__(self, *, straggler_every: int | None = 100, **watch_kwargs: Any) -> None:
+        self.core = CallbackCore(straggler_every=straggler_every, watch_kwargs=watch_kwargs)
+        self._hook: Any = None
+        self._model: Any = None
+        self._args: Any = None
+        self._loss: float | None = None
+        self._training = False
+
+    @property
+    def tracker(self) -> Tracker | None:
+        """The tracker (None before training starts)."""
+        return self.core.tracker
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._args, self._model, self._training = args, model, True
+        if model is not None and hasattr(model, "register_forward_pre_hook") and self._hook is None:
+            self._hook = model.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
+        if not self.core.needs_seq_len(model):
+            self._start(None)
+
+    def _start(self, seq_len: int | None) -> None:
+        self.core.ensure(self._model, seq_len, **_defaults(self._args))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._training = False
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self.core.close()
+
+    # ------------------------------------------------------------------ training thread
+
+    def _pre_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            if not self._training:
+                return
+            if not module.training:
+                if self.core.tracker is not None:
+                    self.core.phase_begin("eval")
+                return
+            tokens, samples, seq_len = batch_counts(kwargs if kwargs else args)
+            if self.core.tracker is None:
+                self._start(seq_len)
+            self.core.micro_batch(tokens, samples)
+        except Exception as exc:  # a hook must never break the forward pass
+            tracker = self.core.tracker
+            if tracker is not None:
+                tracker.errors.record("hf_callback", exc)
+            else:
+                log.warning("babysitter: Hugging Face callback failed: %r", exc)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        loss, self._loss = self._loss, None
+        self.core.optimizer_step(step=int(state.global_step), loss=loss)
+        if control.should_save and not control.should_evaluate:
+            self.core.save_begin(step=int(state.global_step), path=_checkpoint_dir(args, state))
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        value = logs.get("loss") if isinstance(logs, dict) else None
+        if isinstance(value, (int, float)):
+            self._loss = float(value)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.core.phase_end()
+        if self._training and control.should_save:
+            self.core.save_begin(step=int(state.global_step), path=_checkpoint_dir(args, state))
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.core.save_end(_checkpoint_dir(args, state))
+
+
+def _checkpoint_dir(args: Any, state: Any) -> str:
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    return os.path.join(str(args.output_dir), f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+
+
+def _defaults(args: Any) -> dict[str, Any]:
+    """watch() defaults from the TrainingArguments: the training dtype for the peak lookup."""
+    if args is None:
+        return {}
+    if getattr(args, "bf16", False):
+        return {"dtype": "bf16"}
+    if getattr(args, "fp16", False):
+        return {"dtype": "fp16"}
+    if getattr(args, "tf32", False):
+        return {"dtype": "tf32"}
+    return {"dtype": "fp32"}

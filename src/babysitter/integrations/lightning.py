@@ -1,0 +1,161 @@
+"""``Trainer(callbacks=[Babysitter()])`` for PyTorch Lightning: the tracker, driven by Lightning's hooks.
+
+What it reads, and where:
+
+* **Tokens and samples** from each training batch's shapes (``input_ids.numel()`` of a dict batch,
+  or the first integer tensor of a tuple) in ``on_train_batch_start``: metadata, no sync.
+* **Steps**: one ``tracker.step()`` per *optimizer* step: Lightning calls the batch hooks per
+  micro-batch, so the callback steps when ``trainer.global_step`` moves (gradient accumulation and
+  skipped optimizer steps are respected). The loss tensor is handed over detached and read later
+  by the tracker, off the training thread.
+* **FLOPs** from the module's (or its first child's) Hugging Face style ``config``; without
+  ``seq_len`` the tracker starts at the first batch, which gives the sequence length.
+* **Precision** from ``trainer.precision`` for the peak FLOP/s lookup.
+* **Checkpoints**: ``trainer.save_checkpoint`` (what ``ModelCheckpoint`` calls) and the strategy's
+  ``load_checkpoint`` are timed by wrapping them on this trainer instance only.
+* **Evaluation** during fit is a marked ``eval`` phase, kept out of step time and MFU.
+
+Unlike Lightning's ``ThroughputMonitor`` it never synchronizes the device and every rank exports
+its own metrics (``rank`` label); the straggler exchange runs every ``straggler_every`` steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any
+
+from babysitter.integrations._core import CallbackCore, batch_counts
+from babysitter.tracker import Tracker
+
+try:
+    from lightning.pytorch import Callback as _Callback
+except ImportError:  # pragma: no cover - the older package name
+    from pytorch_lightning import Callback as _Callback  # type: ignore[assignment, no-redef, unused-ignore]
+
+__all__ = ["Babysitter"]
+
+log = logging.getLogger("babysitter")
+
+
+class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
+    """Lightning callback exporting babysitter's per-rank training metrics.
+
+    >>> trainer = lightning.Trainer(callbacks=[Babysitter(seq_len=2048, run_dir="/ckpt/run1")])
+
+    Args:
+        straggler_every: steps between straggler score exchanges (None: off); only under
+            torch.distributed with more than one rank.
+        **watch_kwargs: anything :func:`babysitter.watch` takes except ``model`` (``run``,
+            ``seq_len``, ``peak_flops``, ``run_dir``, ``port``, ``labels``, ``hang_timeout``...).
+    """
+
+    def __init__(self, *, straggler_every: int | None = 100, **watch_kwargs: Any) -> None:
+        super().__init__()
+        self.core = CallbackCore(straggler_every=straggler_every, watch_kwargs=watch_kwargs)
+        self._last_global_step: int | None = None
+        self._trainer: Any = None
+
+    @property
+    def tracker(self) -> Tracker | None:
+        """The tracker (None before training starts)."""
+        return self.core.tracker
+
+    # ------------------------------------------------------------------ setup and teardown
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._trainer = trainer
+        self._wrap_checkpointing(trainer)
+        if not self.core.needs_seq_len(pl_module):
+            self._start(trainer, pl_module, None)
+
+    def _start(self, trainer: Any, pl_module: Any, seq_len: int | None) -> None:
+        self.core.ensure(pl_module, seq_len, **_defaults(trainer))
+        self._last_global_step = int(trainer.global_step)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit":
+            self.core.close()
+
+    # ------------------------------------------------------------------ training
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        tokens, samples, seq_len = batch_counts(batch)
+        if self.core.tracker is None:
+            self._start(trainer, pl_module, seq_len)
+        self.core.micro_batch(tokens, samples)
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = int(trainer.global_step)
+        if step == self._last_global_step:
+            return  # a micro-batch of gradient accumulation, or a skipped optimizer step
+        self._last_global_step = step
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        detach = getattr(loss, "detach", None)
+        self.core.optimizer_step(step=step, loss=detach() if callable(detach) else loss)
+
+    # ------------------------------------------------------------------ evaluation
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if getattr(trainer.state, "fn", None) == "fit":  # validation inside fit, not trainer.validate()
+            self.core.phase_begin("eval")
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self.core.phase_end()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _wrap_checkpointing(self, trainer: Any) -> None:
+        if getattr(trainer.save_checkpoint, "_babysitter", False):
+            return
+        core = self.core
+        save = trainer.save_checkpoint
+
+        @functools.wraps(save)
+        def save_checkpoint(filepath: Any, *args: Any, **kwargs: Any) -> None:
+            core.save_begin(step=int(trainer.global_step), path=str(filepath))
+            ok = False
+            try:
+                save(filepath, *args, **kwargs)
+                ok = True
+            finally:
+                core.save_end(filepath if ok else None, ok=ok)
+
+        save_checkpoint._babysitter = True  # type: ignore[attr-defined]
+        trainer.save_checkpoint = save_checkpoint
+        strategy = trainer.strategy
+        load = strategy.load_checkpoint
+
+        @functools.wraps(load)
+        def load_checkpoint(checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+            tracker = core.tracker
+            if tracker is None:
+                return load(checkpoint_path, *args, **kwargs)
+            with tracker.checkpoint_load(path=str(checkpoint_path)) as handle:
+                started = time.perf_counter()
+                checkpoint = load(checkpoint_path, *args, **kwargs)
+                step = checkpoint.get("global_step") if isinstance(checkpoint, dict) else None
+                if isinstance(step, int) and step >= 0:
+                    handle.step = step
+                log.debug("babysitter: checkpoint load took %.3f s", time.perf_counter() - started)
+            self._last_global_step = handle.step
+            return checkpoint
+
+        strategy.load_checkpoint = load_checkpoint
+
+
+def _defaults(trainer: Any) -> dict[str, Any]:
+    """watch() defaults from the trainer: the training dtype for the peak lookup."""
+    from babysitter import hardware
+
+    precision = str(getattr(trainer, "precision", "") or "")
+    try:
+        return {"dtype": hardware.matmul_dtype(precision)}
+    except (TypeError, ValueError):
+        log.warning("babysitter: Lightning precision %r has no peak table dtype; assuming bf16", precision)
+        return {}

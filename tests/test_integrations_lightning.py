@@ -1,0 +1,126 @@
+"""The Lightning callback on a real tiny training (GPT-2 from a config, CPU, a few steps)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("lightning")
+pytest.importorskip("transformers")
+
+import lightning as L  # noqa: E402
+
+from babysitter import flops  # noqa: E402
+from babysitter.catalog import train as T  # noqa: E402
+from babysitter.integrations.lightning import Babysitter  # noqa: E402
+from integ_helpers import TOKEN_BATCH, sample_value, tiny_gpt2, token_loader  # noqa: E402
+
+PEAK = 1e12
+
+
+class LitGPT(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = tiny_gpt2()
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.model(**batch).loss  # type: ignore[no-any-return]
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.model(**batch)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_tiny_training_exports_steps_tokens_flops_mfu_checkpoints_and_eval(tmp_path: Path) -> None:
+    """4 optimizer steps of 2 micro-batches each: one tracker step per optimizer step, tokens from shapes."""
+    ckpt = L.pytorch.callbacks.ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1
+    )
+    callback = Babysitter(
+        run="lit",
+        port=-1,
+        peak_flops=PEAK,
+        run_dir=tmp_path / "run",
+        registry_dir=tmp_path / "reg",
+        hang_timeout=None,
+    )
+    trainer = _fit(tmp_path, callback, ckpt)
+    tracker = callback.tracker
+    assert tracker is not None and tracker.closed
+    assert trainer.global_step == 4
+    reg = tracker.registry
+    b, t = TOKEN_BATCH
+    tokens = 4 * 2 * b * t
+    assert sample_value(reg, T.STEPS.name) == 4
+    assert sample_value(reg, T.STEP.name) == 4
+    assert sample_value(reg, T.TOKENS.name) == tokens
+    assert sample_value(reg, T.SAMPLES.name) == 4 * 2 * b
+    per_token = flops.estimate(tiny_gpt2().config, seq_len=t).model
+    assert sample_value(reg, T.MODEL_FLOPS.name) == pytest.approx(tokens * per_token)
+    assert sample_value(reg, T.PEAK_FLOPS.name) == PEAK
+    mfu = sample_value(reg, T.MFU.name)
+    assert mfu is not None and mfu > 0
+    assert sample_value(reg, T.CKPT_SAVE_DURATION.name + "_count") == 2  # steps 2 and 4
+    assert sample_value(reg, T.CKPT_BYTES.name) > 0
+    assert sample_value(reg, T.PHASE_SECONDS.name, phase="eval") > 0
+    loss = sample_value(reg, T.LOSS.name)
+    assert loss is not None and 0 < loss < 20
+    # rank 0's ledger holds both saves and both eval phases
+    records = [json.loads(line) for line in next((tmp_path / "run").glob("*.jsonl")).open()]
+    saves = [r["step"] for r in records if r["k"] == "cke" and r["op"] == "save" and r["ok"]]
+    assert saves == [2, 4]
+    assert [r["name"] for r in records if r["k"] == "phb"] == ["eval", "eval"]
+
+
+def _fit(tmp_path: Path, callback: Babysitter, ckpt: Any) -> L.Trainer:
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=4,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[callback, ckpt],
+        val_check_interval=4,  # micro-batches: validation after optimizer steps 2 and 4
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(LitGPT(), train_dataloaders=token_loader(8), val_dataloaders=token_loader(2, seed=1))
+    return trainer
+
+
+def test_resume_times_the_load_and_continues_the_step_count(tmp_path: Path) -> None:
+    """fit(ckpt_path=...) goes through the wrapped strategy load: a load is timed, steps continue."""
+    first = Babysitter(run="lit", port=-1, hang_timeout=None, straggler_every=None)
+    trainer = _fit(
+        tmp_path, first, L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "c1", save_last=True)
+    )
+    assert trainer.global_step == 4
+    ckpt = tmp_path / "c1" / "last.ckpt"
+    assert ckpt.exists()
+    second = Babysitter(run="lit", port=-1, hang_timeout=None, straggler_every=None, seq_len=TOKEN_BATCH[1])
+    resumed = L.Trainer(
+        accelerator="cpu",
+        max_steps=6,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[second],
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    resumed.fit(LitGPT(), train_dataloaders=token_loader(12), ckpt_path=str(ckpt))
+    reg = second.tracker.registry  # type: ignore[union-attr]
+    assert sample_value(reg, T.CKPT_LOAD_DURATION.name + "_count") == 1
+    assert sample_value(reg, T.STEP.name) == 6
+    assert sample_value(reg, T.STEPS.name) == 2  # steps this process ran
