@@ -12,12 +12,12 @@ import torch
 pytest.importorskip("lightning")
 pytest.importorskip("transformers")
 
-import lightning as L  # noqa: E402
+import lightning as L
 
-from babysitter import flops  # noqa: E402
-from babysitter.catalog import train as T  # noqa: E402
-from babysitter.integrations.lightning import Babysitter  # noqa: E402
-from integ_helpers import TOKEN_BATCH, sample_value, tiny_gpt2, token_loader  # noqa: E402
+from babysitter import flops
+from babysitter.catalog import train as T
+from babysitter.integrations.lightning import Babysitter
+from integ_helpers import TOKEN_BATCH, sample_value, tiny_gpt2, token_loader
 
 PEAK = 1e12
 

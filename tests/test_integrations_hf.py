@@ -1,0 +1,118 @@
+"""The Hugging Face callback on a real tiny Trainer run (GPT-2 from a config, CPU, a few steps)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # the Trainer needs it
+
+from transformers import Trainer, TrainingArguments
+
+from babysitter import flops
+from babysitter.catalog import train as T
+from babysitter.integrations.hf import Babysitter
+from integ_helpers import TOKEN_BATCH, random_token_batches, sample_value, tiny_gpt2
+
+PEAK = 1e12
+
+
+class Rows(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """Single sequences; the Trainer collates ``TOKEN_BATCH[0]`` of them per micro-batch."""
+
+    def __init__(self, batches: int, seed: int = 0) -> None:
+        self.rows = [
+            {k: v[i] for k, v in b.items()}
+            for b in random_token_batches(batches, seed)
+            for i in range(TOKEN_BATCH[0])
+        ]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.rows[i]
+
+
+def _args(tmp_path: Path, **kw: object) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=TOKEN_BATCH[0],
+        per_device_eval_batch_size=TOKEN_BATCH[0],
+        gradient_accumulation_steps=2,
+        max_steps=4,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_tiny_trainer_exports_steps_tokens_flops_mfu_checkpoints_and_eval(tmp_path: Path) -> None:
+    """4 optimizer steps of 2 micro-batches, eval and save every 2 steps."""
+    callback = Babysitter(
+        run="hf",
+        port=-1,
+        peak_flops=PEAK,
+        run_dir=tmp_path / "run",
+        registry_dir=tmp_path / "reg",
+        hang_timeout=None,
+    )
+    args = _args(tmp_path, eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=2)
+    trainer = Trainer(
+        model=tiny_gpt2(),
+        args=args,
+        train_dataset=Rows(8),
+        eval_dataset=Rows(2, seed=1),
+        callbacks=[callback],
+    )
+    trainer.train()
+    tracker = callback.tracker
+    assert tracker is not None and tracker.closed
+    reg = tracker.registry
+    b, t = TOKEN_BATCH
+    tokens = 4 * 2 * b * t
+    assert sample_value(reg, T.STEPS.name) == 4
+    assert sample_value(reg, T.STEP.name) == 4
+    assert sample_value(reg, T.TOKENS.name) == tokens
+    assert sample_value(reg, T.SAMPLES.name) == 4 * 2 * b
+    per_token = flops.estimate(tiny_gpt2().config, seq_len=t).model
+    assert sample_value(reg, T.MODEL_FLOPS.name) == pytest.approx(tokens * per_token)
+    mfu = sample_value(reg, T.MFU.name)
+    assert mfu is not None and mfu > 0
+    assert sample_value(reg, T.CKPT_SAVE_DURATION.name + "_count") == 2
+    saved = sum(p.stat().st_size for p in (tmp_path / "out" / "checkpoint-4").rglob("*") if p.is_file())
+    assert sample_value(reg, T.CKPT_BYTES.name) >= saved > 0
+    assert sample_value(reg, T.PHASE_SECONDS.name, phase="eval") > 0
+    loss = sample_value(reg, T.LOSS.name)
+    assert loss is not None and 0 < loss < 20
+    records = [json.loads(line) for line in next((tmp_path / "run").glob("*.jsonl")).open()]
+    assert [r["step"] for r in records if r["k"] == "cke" and r["ok"]] == [2, 4]
+    assert [r["name"] for r in records if r["k"] == "phb"] == ["eval", "eval"]
+    # ordering: each save starts after the step's eval phase ended
+    order = [r["k"] for r in records if r["k"] in ("phb", "phe", "ckb", "cke")]
+    assert order == ["phb", "phe", "ckb", "cke"] * 2
+
+
+def test_no_seq_len_starts_at_the_first_batch_with_its_length(tmp_path: Path) -> None:
+    """FLOPs need the training sequence length: the forward hook reads it from the first batch."""
+    callback = Babysitter(run="hf2", port=-1, peak_flops=PEAK, hang_timeout=None)
+    trainer = Trainer(
+        model=tiny_gpt2(),
+        args=_args(tmp_path, save_strategy="no"),
+        train_dataset=Rows(8),
+        callbacks=[callback],
+    )
+    trainer.train()
+    reg = callback.tracker.registry  # type: ignore[union-attr]
+    per_token = flops.estimate(tiny_gpt2().config, seq_len=TOKEN_BATCH[1]).model
+    assert sample_value(reg, T.MODEL_FLOPS.name) == pytest.approx(
+        4 * 2 * TOKEN_BATCH[0] * TOKEN_BATCH[1] * per_token
+    )
