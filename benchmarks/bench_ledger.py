@@ -87,6 +87,7 @@ def generate(
         batch_steps: list[int] = []
         batch_ends: list[int] = []
         next_flush = t + flush
+        peak: float | None = 9.89e14
         while t < stop and boundaries < steps:
             t += step_time * rng.uniform(0.97, 1.03)
             step += 1
@@ -115,9 +116,10 @@ def generate(
                         ends=tuple(batch_ends),
                         data_wait=rng.randrange(0, 50_000),
                         model_flops=4.1e15 * len(batch_steps),
-                        peak_flops=9.89e14,
+                        peak_flops=peak,
                     )
                 )
+                peak = None  # like the writer: the peak only when it changes
                 batch_steps, batch_ends = [], []
                 for rec in extra:
                     put(rec)
@@ -130,7 +132,7 @@ def generate(
                     ends=tuple(batch_ends),
                     data_wait=0,
                     model_flops=4.1e15 * len(batch_steps),
-                    peak_flops=9.89e14,
+                    peak_flops=peak,
                 )
             )
         if inc < restarts:

@@ -71,7 +71,13 @@ def run(args: argparse.Namespace) -> int:
         _err(f"babysitter report: --ledger must be a file name, got {args.ledger!r}")
         return 2
     try:
-        summary = summarize(args.run_dir, file_name=args.ledger, now=args.now, stale_after=args.stale_after)
+        summary = summarize(
+            args.run_dir,
+            file_name=args.ledger,
+            now=args.now,
+            stale_after=args.stale_after,
+            keep_points=args.png is not None,
+        )
     except OSError as exc:
         _err(f"babysitter report: cannot read the ledger in {args.run_dir}: {exc}")
         return 2

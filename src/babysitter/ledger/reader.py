@@ -12,12 +12,21 @@ import json
 import logging
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from babysitter.ledger.records import CheckpointEnd, Record, SchemaError, decode
+from babysitter.ledger.timeline import Timeline
 
-__all__ = ["DEFAULT_FILE_NAME", "CheckpointRecord", "LedgerFile", "completed_checkpoints", "read_ledger"]
+__all__ = [
+    "DEFAULT_FILE_NAME",
+    "CheckpointRecord",
+    "LedgerFile",
+    "completed_checkpoints",
+    "read_ledger",
+    "read_timeline",
+]
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +45,8 @@ class LedgerFile:
     ends_with_newline: bool = True
 
 
-def _parse(data: bytes, only: bytes | None = None) -> LedgerFile:
+def _parse(data: bytes, consume: Callable[[object], None], only: bytes | None = None) -> LedgerFile:
+    """Split ``data`` into lines and hand each parsed line to ``consume`` (SchemaError = invalid)."""
     out = LedgerFile(size=len(data), ends_with_newline=not data or data.endswith(b"\n"))
     lines = data.split(b"\n")
     if out.ends_with_newline:
@@ -56,29 +66,20 @@ def _parse(data: bytes, only: bytes | None = None) -> LedgerFile:
             if len(objs) != len(chunk):
                 raise ValueError("line count mismatch")
         except ValueError:
-            _careful(chunk, out)
-            continue
+            objs = []
+            for raw in chunk:
+                if not raw.strip(b"\x00 \t\r"):
+                    continue
+                try:
+                    objs.append(json.loads(raw))
+                except ValueError:
+                    out.torn_lines += 1
         for obj in objs:
             try:
-                out.records.append(decode(obj))
+                consume(obj)
             except SchemaError:
                 out.invalid_lines += 1
     return out
-
-
-def _careful(lines: list[bytes], out: LedgerFile) -> None:
-    for raw in lines:
-        if not raw.strip(b"\x00 \t\r"):
-            continue
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            out.torn_lines += 1
-            continue
-        try:
-            out.records.append(decode(obj))
-        except SchemaError:
-            out.invalid_lines += 1
 
 
 def _read_regular(path: Path) -> bytes:
@@ -98,7 +99,21 @@ def read_ledger(path: Path) -> LedgerFile:
         data = _read_regular(path)
     except FileNotFoundError:
         return LedgerFile()
-    return _parse(data)
+    records: list[Record] = []
+    out = _parse(data, lambda obj: records.append(decode(obj)))
+    out.records = records
+    return out
+
+
+def read_timeline(path: Path, *, keep_points: bool = True) -> tuple[Timeline, LedgerFile]:
+    """The ledger at ``path`` folded straight into a timeline (the fast path for big ledgers), and the
+    read statistics (``records`` left empty). Raises OSError only when the file cannot be read."""
+    timeline = Timeline(keep_points=keep_points)
+    try:
+        data = _read_regular(path)
+    except FileNotFoundError:
+        return timeline, LedgerFile()
+    return timeline, _parse(data, timeline.add_raw)
 
 
 @dataclass(frozen=True)
@@ -124,10 +139,11 @@ def completed_checkpoints(run_dir: Path, *, file_name: str = DEFAULT_FILE_NAME) 
         data = _read_regular(run_dir / file_name)
     except FileNotFoundError:
         return []
-    parsed = _parse(data, only=b'"k":"cke"')
+    records: list[Record] = []
+    _parse(data, lambda obj: records.append(decode(obj)), only=b'"k":"cke"')
     found = [
         CheckpointRecord(step=r.step, path=r.path, nbytes=r.nbytes, time=r.t / 1_000_000)
-        for r in parsed.records
+        for r in records
         if isinstance(r, CheckpointEnd) and r.op == "save" and r.ok
     ]
     found.sort(key=lambda c: c.time)

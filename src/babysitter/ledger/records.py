@@ -9,10 +9,11 @@ Every line carries ``"v"`` (schema version) and ``"k"`` (kind). Kinds:
 ``start``  an incarnation (process) began tracking the run: ``t``, ``pst`` (process start), ``id``
            (random incarnation id), ``host``, ``pid``, ``run``, ``info`` (free-form: world size, version...)
 ``prog``   step boundaries since the last line: ``s`` (first step), ``b0`` (end time of step ``s``),
-           ``d`` (microseconds from each boundary to the next, for the following steps), ``w`` (written
-           this many us after the last boundary), ``ss`` (explicit step numbers, only when they are not
-           consecutive); when non-zero: ``dw`` (data wait, us), ``mf`` (model FLOPs, 7 digits), ``pk``
-           (dense peak FLOP/s). The most frequent line, so the most compact.
+           ``d`` (microseconds from each boundary to the next, for the following steps), ``ss``
+           (explicit step numbers, only when they are not consecutive); when non-zero: ``w`` (written
+           this many us after the last boundary), ``dw`` (data wait, us), ``mf`` (model FLOPs, 7
+           digits); ``pk`` (dense peak FLOP/s) only when it changed since the incarnation's previous
+           line. The most frequent line, so the most compact.
 ``ckb``    checkpoint begin: ``t``, ``op`` (save|load), ``step``, ``path``
 ``cke``    checkpoint end: ``t``, ``op``, ``step``, ``ok``, ``bytes``, ``path``
 ``phb``    phase begin: ``t``, ``name``;  ``phe`` phase end: ``t``, ``name``
@@ -26,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Literal
@@ -41,11 +42,13 @@ __all__ = [
     "PhaseBegin",
     "PhaseEnd",
     "Progress",
+    "ProgressFields",
     "Record",
     "SchemaError",
     "Start",
     "decode",
     "encode",
+    "progress_fields",
     "to_us",
 ]
 
@@ -187,7 +190,9 @@ def encode(record: Record) -> bytes:
         first = record.steps[0]
         if any(step != first + i for i, step in enumerate(record.steps)):
             head["ss"] = list(record.steps)
-        head["w"] = record.t - (ends[0] + sum(deltas))
+        written = record.t - (ends[0] + sum(deltas))
+        if written:
+            head["w"] = written
         if record.data_wait > 0:
             head["dw"] = record.data_wait
         if math.isfinite(record.model_flops) and record.model_flops > 0:
@@ -274,11 +279,18 @@ def _op(obj: Mapping[str, object]) -> Op:
     raise SchemaError("'op' must be 'save' or 'load'")
 
 
-def _progress(obj: Mapping[str, object]) -> Progress:
-    # The most frequent line: checked with exact type tests, the deltas in C (array), no generators.
-    first, b0, written, deltas = obj.get("s"), obj.get("b0"), obj.get("w"), obj.get("d")
+#: A progress line's content: ``(steps, ends, t, data_wait, model_flops, peak_flops)``.
+ProgressFields = tuple[Sequence[int], Sequence[int], int, int, float, float | None]
+
+
+def progress_fields(obj: Mapping[str, object]) -> ProgressFields:
+    """``(steps, ends, t, data_wait, model_flops, peak_flops)`` of a progress line; SchemaError if bad.
+
+    The most frequent line: checked with exact type tests and the deltas in C (array), no generators.
+    """
+    first, b0, written, deltas = obj.get("s"), obj.get("b0"), obj.get("w", 0), obj.get("d")
     if type(first) is not int or type(b0) is not int or type(written) is not int or type(deltas) is not list:
-        raise SchemaError("a progress line needs integers 's', 'b0', 'w' and a list 'd'")
+        raise SchemaError("a progress line needs integers 's', 'b0' and a list 'd'")
     try:
         packed = array("q", deltas)
     except (TypeError, OverflowError):
@@ -287,11 +299,12 @@ def _progress(obj: Mapping[str, object]) -> Progress:
         raise SchemaError("'d' must be a list of non-negative integers")
     ends = tuple(accumulate(packed, initial=b0))
     explicit = obj.get("ss")
+    steps: Sequence[int]
     if explicit is None:
-        steps = tuple(range(first, first + len(ends)))
+        steps = range(first, first + len(ends))
     else:
         try:
-            steps = tuple(array("q", explicit))  # type: ignore[call-overload]
+            steps = array("q", explicit)  # type: ignore[call-overload]
         except (TypeError, OverflowError):
             raise SchemaError("'ss' must list one integer step per boundary") from None
         if len(steps) != len(ends):
@@ -303,13 +316,20 @@ def _progress(obj: Mapping[str, object]) -> Progress:
         raise SchemaError("'dw' must be an integer")
     if type(flops) not in (int, float) or (peak is not None and type(peak) not in (int, float)):
         raise SchemaError("'mf' and 'pk' must be numbers")
+    return (
+        steps,
+        ends,
+        ends[-1] + written,
+        wait if wait > 0 else 0,
+        float(flops),  # type: ignore[arg-type]
+        None if peak is None else float(peak),  # type: ignore[arg-type]
+    )
+
+
+def _progress(obj: Mapping[str, object]) -> Progress:
+    steps, ends, t, wait, flops, peak = progress_fields(obj)
     return Progress(
-        t=ends[-1] + written,
-        steps=steps,
-        ends=ends,
-        data_wait=wait if wait > 0 else 0,
-        model_flops=float(flops),  # type: ignore[arg-type]
-        peak_flops=None if peak is None else float(peak),  # type: ignore[arg-type]
+        t=t, steps=tuple(steps), ends=tuple(ends), data_wait=wait, model_flops=flops, peak_flops=peak
     )
 
 

@@ -14,7 +14,7 @@ from typing import Literal
 
 from babysitter.ledger.accounting import Accountant, Accounting
 from babysitter.ledger.lock import lock_is_live, read_lock
-from babysitter.ledger.reader import DEFAULT_FILE_NAME, read_ledger
+from babysitter.ledger.reader import DEFAULT_FILE_NAME, read_timeline
 from babysitter.ledger.timeline import Incarnation, Timeline
 
 __all__ = ["WINDOWS", "IncarnationSummary", "RunSummary", "State", "summarize"]
@@ -135,12 +135,12 @@ def summarize(
     file_name: str = DEFAULT_FILE_NAME,
     now: float | None = None,
     stale_after: float = 60.0,
+    keep_points: bool = True,
 ) -> RunSummary:
-    """Read the run's ledger and account for it. Raises OSError when the ledger cannot be read."""
+    """Read the run's ledger and account for it (``keep_points``: keep per-line step time and MFU for
+    plots). Raises OSError when the ledger cannot be read."""
     path = Path(run_dir) / file_name
-    ledger = read_ledger(path)
-    timeline = Timeline()
-    timeline.extend(ledger.records)
+    timeline, ledger = read_timeline(path, keep_points=keep_points)
     now = time.time() if now is None else now
     incs = timeline.incarnations
     state: State

@@ -15,9 +15,10 @@ import itertools
 from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, repeat
 
 from babysitter.ledger.records import (
+    SCHEMA_VERSION,
     Alive,
     CheckpointBegin,
     CheckpointEnd,
@@ -26,8 +27,11 @@ from babysitter.ledger.records import (
     PhaseBegin,
     PhaseEnd,
     Progress,
+    ProgressFields,
     Record,
     Start,
+    decode,
+    progress_fields,
 )
 
 __all__ = [
@@ -98,6 +102,8 @@ class Incarnation:
     end: End | None = None
     #: False in the live writer, which never plots (saves one object per progress record).
     keep_points: bool = True
+    #: The last dense peak FLOP/s a progress line carried (lines repeat it only when it changes).
+    peak_flops: float | None = None
     _open_ckpt: dict[str, CheckpointSpan] = field(default_factory=dict)
     _open_phase: dict[str, int] = field(default_factory=dict)
     _pieces_cache: tuple[int, list[Piece]] | None = None
@@ -137,25 +143,36 @@ class Incarnation:
         self.last_t = max(self.last_t, t)
 
     def _add_progress(self, record: Progress) -> None:
+        self.add_boundaries(
+            (record.steps, record.ends, record.t, record.data_wait, record.model_flops, record.peak_flops)
+        )
+
+    def add_boundaries(self, fields: ProgressFields) -> None:
+        """Fold in one progress line: ``(steps, ends, t, data_wait, model_flops, peak_flops)``, its
+        ``ends`` never decreasing."""
+        steps, ends, t, data_wait, model_flops, peak_flops = fields
+        self._pieces_cache = None
         i0 = len(self.ends)
         prev = self.ends[-1] if i0 else self.begin
-        n = len(record.steps)
-        share, extra = divmod(record.data_wait, n)
-        self.steps.extend(record.steps)
-        if record.ends[0] >= prev:  # ends within a record never decrease (decode and the writer ensure it)
-            self.ends.extend(record.ends)
+        n = len(ends)
+        self.steps.extend(steps)
+        if ends[0] >= prev:
+            self.ends.extend(ends)
         else:  # a clock that went backwards: never let a boundary precede the one before it
-            self.ends.extend(accumulate(record.ends, max, initial=prev))
+            self.ends.extend(accumulate(ends, max, initial=prev))
             self.ends.pop(i0)
-        stall = [share] * n
-        for i in range(extra):
-            stall[i] += 1
-        self.stall.extend(stall)
+        share, extra = divmod(data_wait, n)
+        self.stall.extend(repeat(share, n))
+        for i in range(i0, i0 + extra):
+            self.stall[i] += 1
+        if peak_flops is None:
+            peak_flops = self.peak_flops
+        else:
+            self.peak_flops = peak_flops
         if self.keep_points:
-            self.points.append(
-                ProgressPoint(record.t, i0, len(self.ends), record.model_flops, record.peak_flops)
-            )
-        self.last_t = max(self.last_t, self.ends[-1])
+            self.points.append(ProgressPoint(t, i0, i0 + n, model_flops, peak_flops))
+        last = self.ends[-1]
+        self.last_t = max(self.last_t, last, t)
 
     # ---------------------------------------------------------------- queries
 
@@ -260,6 +277,19 @@ class Timeline:
             inc.last_t = max(inc.last_t, record.t)
         else:
             self.incarnations[-1].add(record)
+
+    def add_raw(self, obj: object) -> None:
+        """Fold in one parsed JSON line; progress lines skip the record object (the bulk of a ledger).
+
+        Raises SchemaError for a line that is not a version-1 record.
+        """
+        if type(obj) is dict and obj.get("k") == "prog" and obj.get("v") == SCHEMA_VERSION:
+            if not self.incarnations:
+                self.orphan_records += 1
+                return
+            self.incarnations[-1].add_boundaries(progress_fields(obj))
+            return
+        self.add(decode(obj))
 
     def extend(self, records: list[Record]) -> None:
         """Fold many records in."""

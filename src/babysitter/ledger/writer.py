@@ -29,7 +29,7 @@ from babysitter.catalog import goodput as G
 from babysitter.events import CheckpointKind
 from babysitter.ledger.accounting import Accountant
 from babysitter.ledger.lock import LedgerLockedError, WriterLock
-from babysitter.ledger.reader import DEFAULT_FILE_NAME, read_ledger
+from babysitter.ledger.reader import DEFAULT_FILE_NAME, read_timeline
 from babysitter.ledger.records import (
     Alive,
     CheckpointBegin,
@@ -162,6 +162,8 @@ class LedgerWriter:
         self._last_heartbeat = 0.0
         self._can_write = True
         self._failing = False
+        self._started = False
+        self._last_peak: float | None = None
 
         with contextlib.suppress(OSError):
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -179,8 +181,7 @@ class LedgerWriter:
         self.timeline = Timeline(keep_points=False)
         self._skipped = {"torn": 0, "invalid": 0}
         try:
-            existing = read_ledger(self.path)
-            self.timeline.extend(existing.records)
+            self.timeline, existing = read_timeline(self.path, keep_points=False)
             self._skipped = {"torn": existing.torn_lines, "invalid": existing.invalid_lines}
             self._need_newline = not existing.ends_with_newline
             if existing.torn_lines or existing.invalid_lines:
@@ -238,6 +239,7 @@ class LedgerWriter:
                 run=self.run,
                 info=dict(info),
             )
+            self._started = True
             self._post(record, now=True)
         except Exception as exc:
             self._error("internal", exc)
@@ -329,7 +331,8 @@ class LedgerWriter:
         try:
             if self._closing:
                 return
-            self._post(End(t=to_us(time), clean=bool(clean)))
+            if self._started:  # an end without our start would close the previous incarnation
+                self._post(End(t=to_us(time), clean=bool(clean)))
             self._closing = True
             self._durable_wanted = True
             self._wake.set()
@@ -412,14 +415,17 @@ class LedgerWriter:
                 ends = [to_us(t) for _, t in batch]
                 for i in range(1, len(ends)):
                     ends[i] = max(ends[i], ends[i - 1])
+                changed = peak is not None and peak != self._last_peak
+                if changed:
+                    self._last_peak = peak
                 records.append(
                     Progress(
-                        t=to_us(time.time()),
+                        t=max(to_us(time.time()), ends[-1]),
                         steps=steps,
                         ends=tuple(ends),
                         data_wait=to_us(wait),
                         model_flops=flops,
-                        peak_flops=peak,
+                        peak_flops=peak if changed else None,  # written only when it changes
                     )
                 )
             batch, wait, flops, peak = [], 0.0, 0.0, None
