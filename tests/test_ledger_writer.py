@@ -50,6 +50,7 @@ def writers() -> Iterator[list[LedgerWriter]]:
 def make(writers: list[LedgerWriter], run_dir: Path, **kw: object) -> LedgerWriter:
     w = LedgerWriter(run_dir, run="r", flush_interval=0.02, **kw)  # type: ignore[arg-type]
     writers.append(w)
+    assert w.wait_loaded(10)
     return w
 
 

@@ -56,6 +56,10 @@ log = logging.getLogger(__name__)
 _Pending = tuple[list[tuple[int, float]], float, float, float | None]
 
 
+class _NotLoaded(Exception):
+    """The existing ledger is still being read."""
+
+
 def _finite(x: float) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -180,8 +184,21 @@ class LedgerWriter:
 
         self.timeline = Timeline(keep_points=False)
         self._skipped = {"torn": 0, "invalid": 0}
+        self._settle = settle_seconds
+        self._accountant = Accountant(self.timeline, settle_seconds=settle_seconds)
+        self._loaded = threading.Event()
+        # Reading a month-long ledger takes seconds: the writer thread does it, so watch() returns at
+        # once; events posted meanwhile wait in the inbox, goodput metrics appear once it is read.
+        self._thread = threading.Thread(target=self._loop, name="babysitter-ledger", daemon=True)
+        self._thread.start()
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        """Wait until the existing ledger has been read (goodput metrics are served from then on)."""
+        return self._loaded.wait(timeout)
+
+    def _load(self) -> None:
         try:
-            self.timeline, existing = read_timeline(self.path, keep_points=False)
+            timeline, existing = read_timeline(self.path, keep_points=False)
             self._skipped = {"torn": existing.torn_lines, "invalid": existing.invalid_lines}
             self._need_newline = not existing.ends_with_newline
             if existing.torn_lines or existing.invalid_lines:
@@ -191,11 +208,13 @@ class LedgerWriter:
                     existing.torn_lines,
                     existing.invalid_lines,
                 )
+            accountant = Accountant(timeline, settle_seconds=self._settle)
+            accountant.totals(now=time.time(), live=True, tail="exclude")  # classify the history once
+            with self._state_lock:
+                self.timeline = timeline
+                self._accountant = accountant
         except OSError as exc:
             self._error("read", exc)
-        self._accountant = Accountant(self.timeline, settle_seconds=settle_seconds)
-        self._thread = threading.Thread(target=self._loop, name="babysitter-ledger", daemon=True)
-        self._thread.start()
 
     # ----------------------------------------------------------------- errors
 
@@ -348,6 +367,8 @@ class LedgerWriter:
         names, values = list(label_names), list(label_values)
         out: list[Metric] = []
         try:
+            if not self._loaded.is_set():
+                raise _NotLoaded
             with self._state_lock:
                 acc = self._accountant.totals(now=now, live=True, tail="exclude")
             goodput = G.GOODPUT.family(names)
@@ -360,6 +381,8 @@ class LedgerWriter:
             restarts = G.RESTARTS.family(names)
             restarts.add_metric(values, float(acc.restarts))  # type: ignore[attr-defined]
             out += [goodput, productive, badput, restarts]
+        except _NotLoaded:
+            pass
         except Exception as exc:
             self._error("metrics", exc)
         errors = G.LEDGER_WRITE_ERRORS.family(names)
@@ -384,10 +407,11 @@ class LedgerWriter:
 
     def _loop(self) -> None:
         try:
-            with self._state_lock:
-                self._accountant.totals(now=time.time(), live=True, tail="exclude")  # warm the cache
+            self._load()
         except Exception as exc:
             self._error("internal", exc)
+        finally:
+            self._loaded.set()
         while True:
             self._wake.wait(self._flush_interval)
             self._wake.clear()
