@@ -1,0 +1,146 @@
+"""The demo's scenario format (validation, the split between trainer, process and node faults) and the
+matching of pages to faults."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from babysitter.demo.pager import Page
+from babysitter.demo.runner import match_pages
+from babysitter.demo.scenario import (
+    DEFAULT_SCENARIO,
+    default_scenario,
+    load_scenario,
+    parse_scenario_data,
+)
+from babysitter.node.simulate import parse_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_default_scenario_tells_the_whole_story() -> None:
+    """Healthy stretch, slow checkpoint, Xid 79, kill + restart, hang, recovery, each with its page."""
+    s = default_scenario()
+    kinds = [e.event for e in s.events]
+    assert kinds == ["slow_checkpoint", "xid79", "kill", "recover", "hang"]
+    assert s.events[0].at >= 20, "a healthy stretch first"
+    assert s.duration - s.events[-1].at - s.events[-1].seconds >= 20, "time to recover after the last fault"
+    assert {e.event: e.expect for e in s.events if e.expect} == {
+        "slow_checkpoint": ("CheckpointSaveSlow",),
+        "xid79": ("GpuXidCritical", "GpuDown"),
+        "kill": ("TrainingProcessExited",),
+        "hang": ("TrainingStalled",),
+    }
+
+
+def test_example_file_is_the_default_scenario() -> None:
+    """examples/demo-scenario.json is what the demo plays without --scenario."""
+    example = ROOT / "examples" / "demo-scenario.json"
+    assert json.loads(example.read_text()) == DEFAULT_SCENARIO
+    assert load_scenario(example) == default_scenario()
+
+
+def test_faults_go_to_who_plays_them() -> None:
+    """Node faults become a simulator scenario, trainer faults go to the training process."""
+    s = parse_scenario_data(
+        {
+            "duration": 60,
+            "gpus": 2,
+            "events": [
+                {"at": 5, "event": "hang_gpu", "gpu": 1, "seconds": 3},
+                {"at": 6, "event": "throttle", "gpu": 0, "reasons": ["hw_slowdown"]},
+                {"at": 7, "event": "slow_checkpoint", "seconds": 2},
+                {"at": 8, "event": "freeze", "seconds": 4},
+                {"at": 9, "event": "kill", "restart_after": None},
+                {"at": 1, "event": "hang", "seconds": 10},
+            ],
+        }
+    )
+    node = s.node_events()
+    assert node == [
+        {"at": 5.0, "gpu": 1, "event": "hang", "seconds": 3},
+        {"at": 6.0, "gpu": 0, "event": "throttle", "reasons": ["hw_slowdown"]},
+    ]
+    simulated = parse_scenario(node, 2)  # the simulator itself accepts them
+    assert [e.event for e in simulated] == ["hang", "throttle"]
+    assert s.trainer_events() == [
+        {"at": 1.0, "event": "hang", "seconds": 10.0},
+        {"at": 7.0, "event": "slow_checkpoint", "seconds": 2.0},
+    ]
+    kill = next(e for e in s.events if e.event == "kill")
+    assert "not restarted" in kill.describe()
+    assert next(e for e in s.events if e.event == "freeze").expect == ("TrainingStalled",)
+
+
+def test_truncation_drops_later_faults() -> None:
+    s, dropped = default_scenario().truncated(45)
+    assert s.duration == 45
+    assert [e.event for e in s.events] == ["slow_checkpoint", "xid79"]
+    assert [e.event for e in dropped] == ["kill", "recover", "hang"]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([], "is an object"),
+        ({"duration": 5}, "between 10 s"),
+        ({"surprise": 1}, "unknown scenario keys: surprise"),
+        ({"gpus": 0}, "gpus must be"),
+        ({"gpu_model": "Z9000"}, "gpu_model must be one of"),
+        ({"events": [{"at": 1, "event": "meteor"}]}, "unknown event 'meteor'"),
+        ({"events": [{"event": "kill"}]}, "'at' must be a finite number"),
+        ({"events": [{"at": -1, "event": "kill"}]}, "must be >= 0"),
+        ({"events": [{"at": 1, "event": "hang"}]}, "'seconds' must be a finite number"),
+        ({"events": [{"at": 1, "event": "freeze", "seconds": 0}]}, "freeze needs 'seconds' > 0"),
+        ({"events": [{"at": 1, "event": "xid79"}]}, "needs 'gpu' from 0 to 7"),
+        ({"events": [{"at": 1, "event": "xid79", "gpu": 8}]}, "needs 'gpu' from 0 to 7"),
+        ({"events": [{"at": 1, "event": "kill", "gpu": 0}]}, "not a GPU event"),
+        ({"events": [{"at": 1, "event": "kill", "expect": "TrainingStalled"}]}, "'expect' must be a list"),
+        ({"events": [{"at": 1, "event": "kill", "restart_after": "soon"}]}, "restart_after"),
+        ({"events": [{"at": 1, "event": "xid", "gpu": 0}]}, "xid needs an integer 'xid'"),
+    ],
+)
+def test_bad_scenarios_say_what_is_wrong(data: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_scenario_data(data)
+
+
+def test_unreadable_file_names_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=str(path)):
+        load_scenario(path)
+
+
+def _page(name: str, at: float, *, status: str = "firing", gpu: str | None = None) -> Page:
+    labels = {"alertname": name, "severity": "critical"}
+    if gpu is not None:
+        labels["gpu"] = gpu
+    return Page(received=at, status=status, name=name, severity="critical", labels=labels)
+
+
+def test_pages_match_faults_after_them_on_the_same_gpu() -> None:
+    s = parse_scenario_data(
+        {
+            "duration": 100,
+            "events": [
+                {"at": 10, "event": "xid79", "gpu": 3},
+                {"at": 50, "event": "kill"},
+            ],
+        }
+    )
+    t0 = 1000.0
+    pages = [
+        _page("GpuXidCritical", t0 + 5, gpu="3"),  # before the fault: an older incident
+        _page("GpuXidCritical", t0 + 12, gpu="2"),  # another GPU
+        _page("GpuXidCritical", t0 + 13.5, gpu="3"),
+        _page("GpuDown", t0 + 20, status="resolved", gpu="3"),  # a resolution is not a page
+        _page("TrainingProcessExited", t0 + 52),
+    ]
+    results = match_pages(s.events, pages, t0)
+    assert results[0].pages == {"GpuXidCritical": pytest.approx(3.5), "GpuDown": None}
+    assert results[1].pages == {"TrainingProcessExited": pytest.approx(2.0)}
