@@ -38,6 +38,7 @@ __all__ = [
     "TRAINER_REGISTRATIONS_DROPPED",
     "TRAINER_SCRAPE_DURATION",
     "TRAINER_SCRAPE_SUCCESS",
+    "XID_SOURCE_UP",
 ]
 
 GPU_LABELS = ("gpu", "uuid", "pci_bus_id", "model")
@@ -176,7 +177,18 @@ COLLECTOR_DURATION = MetricSpec(
     source="node",
 )
 
+XID_SOURCE_UP = MetricSpec(
+    "babysitter_xid_source_up",
+    "gauge",
+    "",
+    "1 while an Xid source (kmsg, nvml) is read, 0 when it failed "
+    "(unreadable /dev/kmsg, no NVML event support).",
+    labels=("source",),
+    source="node",
+)
+
 METRICS: tuple[MetricSpec, ...] = (
+    XID_SOURCE_UP,
     GPU_UP,
     GPU_UTILIZATION,
     GPU_TENSOR_ACTIVE,
