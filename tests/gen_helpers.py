@@ -18,6 +18,9 @@ from babysitter.generate.rules import recording_rules
 __all__ = [
     "GRAFANA_VARIABLES",
     "REPO",
+    "AlertmanagerServer",
+    "LiveStack",
+    "WebhookReceiver",
     "dashboard_exprs",
     "known_series_names",
     "load_yaml",
@@ -165,3 +168,283 @@ def referenced_names(expr: str) -> set[str]:
 def load_yaml(path: Path) -> Any:
     """Parse a YAML file."""
     return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+# --- live stack: real trainers, a simulated node agent, Prometheus (and Alertmanager) -------------------
+
+TESTS_DIR = Path(__file__).resolve().parent
+CLUSTER = "c1"
+
+#: A real CPU training loop with the tracker (tiny GPT), one process per rank; saves a checkpoint
+#: every ``ckpt_every`` steps and loads one at step 150 (as a resume would, once Prometheus scrapes).
+TRAINER = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch
+torch.set_num_threads(1)
+import babysitter
+from tinygpt import TinyConfig, TinyGPT, batches, palm_flops_per_token, train_step
+run_dir, reg, step_sleep, ckpt_every = sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
+rank = int(os.environ.get("RANK", "0"))
+torch.manual_seed(rank)
+cfg = TinyConfig()
+model = TinyGPT(cfg)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+seq, batch = 32, 4
+t = babysitter.watch(model, run="live", tokens_per_step=batch * seq, samples_per_step=batch,
+                     flops_per_token=palm_flops_per_token(model, seq), peak_flops=2e10, port=0,
+                     registry_dir=reg, run_dir=run_dir, labels={"cluster": sys.argv[6]},
+                     flush_interval=0.2, mfu_window=10.0)
+for x, y in t.data(batches(cfg, batch, seq, seed=rank)):
+    t.step(loss=train_step(model, opt, x, y))
+    if t.steps == 150:
+        with t.checkpoint_load(step=0):
+            time.sleep(0.05)
+    if t.steps % ckpt_every == 0:
+        path = os.path.join(run_dir, f"ckpt-{t.global_step}-rank{rank}.pt")
+        with t.checkpoint_save(step=t.global_step, nbytes=4096, path=path):
+            with open(path, "wb") as f:
+                f.write(bytes(4096))
+            time.sleep(0.05)
+    time.sleep(step_sleep)
+"""
+
+
+class LiveStack:
+    """Trainers (subprocesses, one per rank) + ``babysitter node-agent --simulate`` + Prometheus.
+
+    The agent serves the trainers (found through the registration directory), so Prometheus has one
+    target, job ``babysitter-node`` with the target label ``cluster`` (``honor_labels`` keeps the
+    trainers' own ``cluster`` constant label, as a deployment must).
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        rule_files: Sequence[Path],
+        scenario: list[dict[str, Any]],
+        ranks: int = 1,
+        alertmanager: str | None = None,
+        step_sleep: float = 0.05,
+        ckpt_every: int = 25,
+        extra_storage: Sequence[Path] = (),
+    ) -> None:
+        self.workdir = workdir
+        self.reg = workdir / "reg"
+        self.run_dir = workdir / "run"
+        self.storage = workdir / "ckpt-storage"
+        for folder in (self.reg, self.run_dir, self.storage):
+            folder.mkdir()
+        self.rule_files = list(rule_files)
+        self.scenario = scenario
+        self.ranks = ranks
+        self.alertmanager = alertmanager
+        self.step_sleep = step_sleep
+        self.ckpt_every = ckpt_every
+        self.extra_storage = list(extra_storage)
+        self.trainers: list[subprocess.Popen[bytes]] = []
+        self.agent: subprocess.Popen[bytes] | None = None
+        self.prom: Any = None
+        self._logs: list[Any] = []
+
+    def _log(self, name: str) -> Any:
+        handle = (self.workdir / name).open("wb")
+        self._logs.append(handle)
+        return handle
+
+    def __enter__(self) -> LiveStack:
+        import json
+        import os
+        import sys
+
+        from node_helpers import read_port_file
+        from promkit import PrometheusServer
+
+        try:
+            scenario = self.workdir / "scenario.json"
+            scenario.write_text(json.dumps({"events": self.scenario}))
+            argv = [sys.executable, "-m", "babysitter", "node-agent", "--simulate", "2"]
+            argv += ["--scenario", str(scenario), "--port", "0", "--port-file", str(self.workdir / "addr")]
+            argv += ["--registry-dir", str(self.reg), "--simulate-kernel-log", str(self.workdir / "kern.log")]
+            argv += ["--collector-timeout", "5", "--trainer-timeout", "0.5"]
+            for path in (self.storage, *self.extra_storage):
+                argv += ["--storage-path", str(path)]
+            argv += ["--storage-interval", "1", "--storage-size", "4096"]
+            argv += ["--checkpoint-run-dir", str(self.run_dir), "--checkpoint-interval", "1"]
+            self.agent = subprocess.Popen(argv, stdout=self._log("agent.log"), stderr=subprocess.STDOUT)
+            for rank in range(self.ranks):
+                env = {
+                    **os.environ,
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": str(self.ranks),
+                }
+                args = [
+                    str(TESTS_DIR),
+                    str(self.run_dir),
+                    str(self.reg),
+                    str(self.step_sleep),
+                    str(self.ckpt_every),
+                ]
+                self.trainers.append(
+                    subprocess.Popen(
+                        [sys.executable, "-c", TRAINER, *args, CLUSTER],
+                        env=env,
+                        stdout=self._log(f"trainer{rank}.log"),
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+            address = read_port_file(self.workdir / "addr", timeout=60)
+            job = {
+                "job_name": "babysitter-node",
+                "honor_labels": True,
+                "static_configs": [{"targets": [address], "labels": {"cluster": CLUSTER}}],
+            }
+            self.prom = PrometheusServer(
+                self.workdir,
+                scrape_interval="1s",
+                evaluation_interval="1s",
+                rule_files=self.rule_files,
+                alertmanager=self.alertmanager,
+                extra_scrape_configs=[job],
+            ).__enter__()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        if self.prom is not None:
+            self.prom.__exit__(None, None, None)
+        procs = [*self.trainers, *([self.agent] if self.agent else [])]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a stopped trainer must be able to exit
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        for handle in self._logs:
+            handle.close()
+
+    def log_tail(self, name: str, chars: int = 2000) -> str:
+        """The end of one of the stack's logs (agent.log, trainer0.log, prometheus.log)."""
+        path = self.workdir / name
+        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+
+class WebhookReceiver:
+    """An Alertmanager webhook receiver on 127.0.0.1 that records every notification by URL path."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+
+        received: list[tuple[str, dict[str, Any]]] = []
+        lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with lock:
+                    received.append((self.path, body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.received = received
+        self._lock = lock
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> WebhookReceiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def alerts(self, path: str) -> list[dict[str, Any]]:
+        """Every firing alert delivered to ``path`` so far."""
+        with self._lock:
+            return [
+                alert
+                for where, body in self.received
+                if where == path
+                for alert in body.get("alerts", [])
+                if alert.get("status") == "firing"
+            ]
+
+
+class AlertmanagerServer:
+    """A real Alertmanager on a loopback port, clustering off, with the given config text."""
+
+    def __init__(self, workdir: Path, config: str) -> None:
+        from promkit import ALERTMANAGER, free_port, require_binary
+
+        require_binary(ALERTMANAGER, "alertmanager")
+        self.binary = ALERTMANAGER
+        self.workdir = workdir
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.config = workdir / "alertmanager.yml"
+        self.config.write_text(config)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+
+    def __enter__(self) -> AlertmanagerServer:
+        import time
+        import urllib.request
+
+        data = self.workdir / "am-data"
+        data.mkdir()
+        self._log = (self.workdir / "alertmanager.log").open("wb")
+        self._proc = subprocess.Popen(
+            [
+                self.binary,
+                f"--config.file={self.config}",
+                f"--storage.path={data}",
+                f"--web.listen-address={self.address}",
+                "--cluster.listen-address=",  # no gossip port on 0.0.0.0
+                "--log.level=warn",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"alertmanager exited: {(self.workdir / 'alertmanager.log').read_text()[-2000:]}"
+                )
+            try:
+                with urllib.request.urlopen(f"http://{self.address}/-/ready", timeout=1) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        self.__exit__(None, None, None)
+        raise RuntimeError("alertmanager did not become ready in 30 s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=5)
+        if self._log is not None:
+            self._log.close()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from babysitter.catalog import MetricSpec
 from babysitter.catalog import goodput as G
 from babysitter.catalog import node as N
+from babysitter.catalog import runtime as R
 from babysitter.catalog import storage as S
 from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig, parse_duration
@@ -133,14 +134,17 @@ def _training(cfg: GenerateConfig, r: Records) -> list[Alert]:
     not_answering = f"max {run} ({select(N.TRAINER_SCRAPE_SUCCESS, cfg.node_selector)} == 0)"
     stalled = Alert(
         name="TrainingStalled",
-        # The age of the run's last step, remembered after its series vanish, over the threshold; only
-        # for runs still exporting (hung but answering) or still registered but not answering the node
-        # agent (stopped, hard hang). A run that finished unregistered itself and matches neither.
+        # Answering ranks report the tracker's own stall clock, which pauses during checkpoints and marked
+        # phases (a 20-minute save is not a stall); the slowest-to-stall rank decides. A run whose ranks
+        # no longer answer the node agent (stopped, hard hang) falls back to the age of its last step,
+        # remembered after its series vanish; so does a tracker too old to export the stall clock. A run
+        # that finished unregistered itself and matches neither.
         expr=(
-            f"(\n  time() - {remembered}\n  > {on_run}\n"
-            f"  (\n    ({cfg.stall_step_factor:g} * {r.step_baseline} > {stall_min})\n    or {on_run}\n"
-            f"    (0 * {remembered} + {stall_min})\n  )\n)\n"
-            f"and {on_run}\n({r.last_step} or {on_run} {not_answering})"
+            f"(\n  min {run} ({select(R.STALLED_SECONDS, ts)})\n  or {on_run}\n"
+            f"  (\n    time() - {remembered}\n    and {on_run}\n"
+            f"    ({r.last_step} or {on_run} {not_answering})\n  )\n)\n> {on_run}\n"
+            f"(\n  ({cfg.stall_step_factor:g} * {r.step_baseline} > {stall_min})\n  or {on_run}\n"
+            f"  (0 * {remembered} + {stall_min})\n)"
         ),
         severity="critical",
         component="training",
@@ -162,18 +166,25 @@ def _training(cfg: GenerateConfig, r: Records) -> list[Alert]:
                 # r4 finished cleanly: series and registration gone.
                 *_stepping(_with(_TRAIN, run="r4"), "0+60x20"),
                 (_series(N.TRAINER_SCRAPE_SUCCESS, _with(_TRAIN, run="r4")), "1+0x20"),
+                # r5 saves a long checkpoint: no step for 40 min, but its stall clock is paused.
+                *_stepping(_with(_TRAIN, run="r5"), "0+60x20 1200+0x40"),
+                (_series(R.STALLED_SECONDS, _with(_TRAIN, run="r5")), "0+0x60"),
+                # r6 hangs and its tracker says so; rank 1 of it is still (barely) stepping.
+                *_stepping(_with(_TRAIN, run="r6"), "0+60x20 1200+0x40"),
+                (_series(R.STALLED_SECONDS, _with(_TRAIN, run="r6")), "0+0x20 60+60x40"),
+                (_series(R.STALLED_SECONDS, _with(_TRAIN, run="r6", rank="1")), "0+0x20 30+60x40"),
             ),
             quiet=(("25m", "5 min without a step is below the 10 min minimum"), ("31m", "before for:")),
             fire_at="32m",
-            fire_labels=(_run_labels(), _run_labels("r3")),
+            fire_labels=(_run_labels(), _run_labels("r3"), _run_labels("r6")),
             fire_text=tuple(
                 (
-                    f"Run {run_name} has not finished a step for 12m 0s.",
-                    f"No rank of run {run_name} on cluster c1 finished a training step for 12m 0s; the stall "
+                    f"Run {run_name} has not finished a step for {age}.",
+                    f"No rank of run {run_name} on cluster c1 finished a training step for {age}; the stall "
                     "threshold is max(600s, 10 x the run's mean step time over 1h). The job hangs "
                     "(collective, data loader, storage) or is stopped.",
                 )
-                for run_name in ("r1", "r3")
+                for run_name, age in (("r1", "12m 0s"), ("r3", "12m 0s"), ("r6", "11m 30s"))
             ),
         ),
     )

@@ -2,28 +2,49 @@
 
 from __future__ import annotations
 
-from babysitter.catalog import MetricSpec, goodput, node, probe, selfmon, storage, train
+from types import ModuleType
+
+from babysitter import catalog
+from babysitter.catalog import MetricSpec
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.rules import recording_rules
 
 __all__ = ["render_metrics_doc"]
 
+_TRACKER = "run, rank, plus the constant labels given to `watch(labels=...)` (e.g. `{cluster}`)"
+_AGENT = "`instance` (the host's agent target) and `{cluster}` from Prometheus target or external labels"
+
+#: Sections in reading order: catalog module name, title, labels every series of it also carries.
+#: Catalog modules not listed here still get a section (titled from their docstring), so a new
+#: module never drops out of the reference.
 _SECTIONS = (
-    (
-        "Training (tracker, one set per rank)",
-        train.METRICS,
-        "run, rank, plus the constant labels given to `watch(labels=...)` (e.g. `{cluster}`)",
-    ),
-    ("Goodput (tracker, rank 0, from the ledger)", goodput.METRICS, "run, rank, plus constant labels"),
-    (
-        "Node agent: GPUs and collectors",
-        node.METRICS,
-        "`instance` (the host's agent target) and `{cluster}` from Prometheus target or external labels",
-    ),
-    ("Node agent: checkpoint storage", storage.METRICS, "`instance` and `{cluster}` as above"),
-    ("Cluster probe", probe.METRICS, "`instance` and `{cluster}` as above"),
-    ("babysitter itself", selfmon.METRICS, "those of the process that exports them"),
+    ("train", "Training (tracker, one set per rank)", _TRACKER),
+    ("runtime", "Run health (tracker, computed in-process)", _TRACKER),
+    ("goodput", "Goodput (tracker, rank 0, from the ledger)", _TRACKER),
+    ("node", "Node agent: GPUs, trainers and collectors", _AGENT),
+    ("storage", "Node agent: checkpoint storage", _AGENT),
+    ("probe", "Cluster probe (through the node agent)", _AGENT),
+    ("selfmon", "babysitter itself", "those of the process that exports them"),
 )
+
+
+def _sections() -> list[tuple[str, tuple[MetricSpec, ...], str]]:
+    listed = {name for name, _, _ in _SECTIONS}
+    found = [
+        (title, tuple(getattr(catalog, name).METRICS), implicit)
+        for name, title, implicit in _SECTIONS
+        if hasattr(catalog, name)
+    ]
+    for name in sorted(catalog.__all__):
+        module = getattr(catalog, name)
+        if isinstance(module, ModuleType) and name not in listed and hasattr(module, "METRICS"):
+            title = (module.__doc__ or name).strip().splitlines()[0].rstrip(".")
+            found.append((title, tuple(module.METRICS), "see the module's documentation"))
+    covered = {spec.name for _, specs, _ in found for spec in specs}
+    rest = tuple(spec for spec in catalog.ALL if spec.name not in covered)
+    if rest:
+        found.append(("Other", rest, "see the catalog"))
+    return found
 
 
 def _cell(text: str) -> str:
@@ -45,7 +66,7 @@ def render_metrics_doc(cfg: GenerateConfig) -> str:
         "Names follow Prometheus conventions: base units, `_total` on counters, `_ratio` for 0..1.",
         "",
     ]
-    for title, specs, implicit in _SECTIONS:
+    for title, specs, implicit in _sections():
         lines += [
             f"## {title}",
             "",

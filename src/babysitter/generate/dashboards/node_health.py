@@ -8,7 +8,7 @@ from babysitter.catalog import storage as S
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.dashboards._builder import Dashboard, Panel, Row, Target
 from babysitter.generate.dashboards._common import gpu_matchers, host_matchers, node_variables
-from babysitter.generate.promql import eq, regex, select
+from babysitter.generate.promql import eq, new_or_increased, regex, select
 
 __all__ = ["FILE_NAME", "dashboard"]
 
@@ -22,7 +22,12 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
     gpu = "{{instance}} GPU {{gpu}}"
     uncorrected = select(N.GPU_ECC_ERRORS, g, eq("type", cfg.ecc_uncorrected_type))
     throttling = select(N.GPU_CLOCK_EVENT_ACTIVE, g, regex("reason", cfg.throttle_reasons))
-    xid_by_code = f"sum by (instance, gpu, xid, action) (increase({select(N.GPU_XID_ERRORS, g)}"
+    xids = select(N.GPU_XID_ERRORS, g)
+
+    def xid_by_code(window: str) -> str:
+        # New series count too: a GPU's first Xid creates its counter at 1, which increase() misses.
+        return f"sum by (instance, gpu, xid, action) {new_or_increased(xids, window)}"
+
     items: list[Panel | Row] = [
         Row("Overview"),
         Panel("GPUs up", (Target(f"sum({select(N.GPU_UP, g)})"),), kind="stat", width=4, height=5),
@@ -36,7 +41,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
         ),
         Panel(
             "Xid errors in range",
-            (Target(f"sum(increase({select(N.GPU_XID_ERRORS, g)}[{rng}])) or vector(0)"),),
+            (Target(f"sum {new_or_increased(xids, rng)} or vector(0)"),),
             kind="stat",
             width=4,
             height=5,
@@ -44,7 +49,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
         ),
         Panel(
             "Uncorrectable ECC in range",
-            (Target(f"sum(increase({uncorrected}[{rng}])) or vector(0)"),),
+            (Target(f"sum {new_or_increased(uncorrected, rng)} or vector(0)"),),
             kind="stat",
             width=4,
             height=5,
@@ -71,7 +76,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             "Xid events by code and action",
             (
                 Target(
-                    f"{xid_by_code}[{ri}]))",
+                    xid_by_code(ri),
                     "{{instance}} GPU {{gpu}} Xid {{xid}} ({{action}})",
                 ),
             ),
@@ -84,7 +89,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             "Xid totals",
             (
                 Target(
-                    f"{xid_by_code}[{rng}])) > 0",
+                    xid_by_code(rng),
                     mode="instant",
                 ),
             ),
@@ -96,7 +101,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             "ECC errors",
             (
                 Target(
-                    f"sum by (instance, gpu, type) (increase({select(N.GPU_ECC_ERRORS, g)}[{ri}]))",
+                    f"sum by (instance, gpu, type) {new_or_increased(select(N.GPU_ECC_ERRORS, g), ri)}",
                     gpu + " {{type}}",
                 ),
             ),
@@ -175,7 +180,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
                 Target(select(S.STORAGE_PROBE_WRITE, h), "{{instance}} {{path}} write"),
                 Target(select(S.STORAGE_PROBE_FSYNC, h), "{{instance}} {{path}} fsync"),
                 Target(select(S.STORAGE_PROBE_READ, h), "{{instance}} {{path}} read"),
-                Target(f"{select(S.STORAGE_PROBE_RUNNING, h)} > 0", "{{instance}} {{path}} running"),
+                Target(select(S.STORAGE_PROBE_RUNNING, h), "{{instance}} {{path}} running"),
             ),
             unit="s",
             min=0,

@@ -12,7 +12,7 @@ from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.dashboards._builder import Dashboard, Panel, Row, Target, Variable
 from babysitter.generate.dashboards._common import rec, var_matcher
-from babysitter.generate.promql import by, join_matchers, select
+from babysitter.generate.promql import by, join_matchers, new_or_increased, select
 from babysitter.generate.rules import Records
 
 __all__ = ["FILE_NAME", "dashboard"]
@@ -43,7 +43,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
     gpu_hours = f"(avg_over_time({rec(r.cluster_gpus, in_cluster)}[{rng}]) * {hours})"
     interruptions = f"1000 * sum {per} (increase({select(G.RESTARTS, tm)}[{rng}])) / {rank_hours}"
     xid_rate = (
-        f"1000 * sum {by((c, 'action'))} (increase({select(N.GPU_XID_ERRORS, nm)}[{rng}]))\n"
+        f"1000 * sum {by((c, 'action'))} {new_or_increased(select(N.GPU_XID_ERRORS, nm), rng)}\n"
         f"/ on ({c}) group_left ()\n{gpu_hours}"
     )
     bandwidth = (

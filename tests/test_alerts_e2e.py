@@ -1,0 +1,90 @@
+"""End to end: the fast-profile rules in a real Prometheus, a real Alertmanager with the example config,
+and a webhook receiver in the test. A stopped training process pages "stalled", Xid 79 on a simulated
+GPU pages, and a checkpoint deleted from disk pages "missing"; warnings never reach the pager.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from babysitter.catalog import train as T
+from babysitter.generate import fast, render, write
+from gen_helpers import REPO, AlertmanagerServer, LiveStack, WebhookReceiver
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+
+XID79_AT = 20  # seconds after the agent starts
+
+
+def _alertmanager_config(receiver: str) -> str:
+    """The example config with its webhooks pointed at the test and short grouping delays."""
+    config = yaml.safe_load((REPO / "exporters/alertmanager.yml").read_text())
+    config["route"].update(group_wait="1s", group_interval="2s", repeat_interval="1h")
+    for item in config["receivers"]:
+        name = item["name"]
+        item["webhook_configs"] = [{"url": f"{receiver}/{name}", "send_resolved": True}]
+    return yaml.safe_dump(config)
+
+
+def _wait_for_page(hook: WebhookReceiver, alertname: str, timeout: float, **labels: str) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for alert in hook.alerts("/pager"):
+            found = alert["labels"]
+            if found.get("alertname") == alertname and all(found.get(k) == v for k, v in labels.items()):
+                return alert
+        time.sleep(0.5)
+    pages = sorted({a["labels"]["alertname"] for a in hook.alerts("/pager")})
+    raise AssertionError(f"no {alertname} page {labels} within {timeout} s; pages so far: {pages}")
+
+
+def test_stalled_xid79_and_missing_checkpoint_page(tmp_path: Path) -> None:
+    """Three faults, three pages, each with its runbook link; the pager gets only critical alerts."""
+    cfg = fast()
+    write(tmp_path / "gen", render(cfg))
+    rules = [tmp_path / "gen/alerts/babysitter-rules.yaml", tmp_path / "gen/alerts/babysitter-alerts.yaml"]
+    scenario = [{"at": XID79_AT, "gpu": 1, "event": "xid79"}]
+    with (
+        WebhookReceiver() as hook,
+        AlertmanagerServer(tmp_path, _alertmanager_config(hook.url)) as am,
+        LiveStack(tmp_path, rule_files=rules, scenario=scenario, ranks=1, alertmanager=am.address) as stack,
+    ):
+        prom = stack.prom
+        prom.wait_for(f"{T.STEPS.name} > 50", timeout=60)
+
+        # 1. A checkpoint the ledger lists disappears from disk.
+        deadline = time.monotonic() + 30
+        while not (saved := sorted(stack.run_dir.glob("ckpt-*-rank0.pt"))) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert saved, stack.log_tail("trainer0.log")
+        step = saved[0].name.split("-")[1]
+        saved[0].unlink()
+        missing = _wait_for_page(hook, "CheckpointMissing", 45, run="live", step=step)
+        assert missing["annotations"]["runbook_url"] == cfg.runbook_url("CheckpointMissing")
+
+        # 2. Xid 79 on GPU 1 (the simulator then loses the GPU).
+        xid = _wait_for_page(hook, "GpuXidCritical", XID79_AT + 45, xid="79", gpu="1", action="reboot")
+        assert "reboot" in xid["annotations"]["description"]
+        assert xid["labels"]["cluster"] == "c1"
+
+        # Nothing has stalled so far: the run is stepping.
+        assert not [a for a in hook.alerts("/pager") if a["labels"]["alertname"] == "TrainingStalled"]
+
+        # 3. The training process is stopped.
+        stack.trainers[0].send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        stalled = _wait_for_page(hook, "TrainingStalled", 75, run="live", cluster="c1")
+        assert time.monotonic() - stopped >= cfg.stall_min_seconds - 2
+        assert stalled["labels"]["severity"] == "critical"
+        assert stalled["annotations"]["runbook_url"].endswith("/TrainingStalled.md")
+
+        pager = {a["labels"]["alertname"] for a in hook.alerts("/pager")}
+        assert all(a["labels"]["severity"] == "critical" for a in hook.alerts("/pager")), pager
+        chat = {a["labels"]["alertname"] for a in hook.alerts("/chat")}
+        assert {"CheckpointMissing", "GpuXidCritical", "TrainingStalled"} <= chat  # critical goes to chat too
