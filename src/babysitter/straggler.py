@@ -44,7 +44,6 @@ __all__ = ["StragglerMonitor", "scores"]
 
 log = logging.getLogger("babysitter")
 
-_MAX_PENDING = 8
 _WORK_KEEP = 1024
 
 
@@ -65,14 +64,21 @@ class StragglerMonitor:
         every: steps between exchanges (and the number of recent steps each median covers).
         timeout: seconds a round may stay pending before the exchange turns itself off; also the
             gloo group's timeout.
+        max_pending: rounds this rank may be ahead of the slowest rank (ranks that do not step in
+            lockstep) before the exchange turns itself off.
     """
 
-    def __init__(self, tracker: Tracker, *, every: int = 100, timeout: float = 300.0) -> None:
+    def __init__(
+        self, tracker: Tracker, *, every: int = 100, timeout: float = 300.0, max_pending: int = 16
+    ) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 2:
             raise ValueError(f"straggler exchange interval must be an int >= 2 steps, got {every!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f"straggler timeout must be a positive number of seconds, got {timeout!r}")
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+            raise ValueError(f"max_pending must be a positive int, got {max_pending!r}")
         self.tracker = tracker
+        self.max_pending = max_pending
         self.every = every
         self.timeout = float(timeout)
         self.enabled = False
@@ -167,7 +173,7 @@ class StragglerMonitor:
             self._disable("round failed", exc)
 
     def _issue(self) -> None:
-        if len(self._pending) >= _MAX_PENDING:
+        if len(self._pending) >= self.max_pending:
             self._disable(f"{len(self._pending)} rounds still pending", None)
             return
         steps = self.tracker.recent_step_seconds(self.every)
