@@ -294,8 +294,9 @@ def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def _gpu_key(gpu: str) -> tuple[int, str]:
-    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
+def _gpu_key(label: str) -> tuple[int, str]:
+    """Numeric labels (GPU index, Xid code) in numeric order, others after them."""
+    return (int(label), "") if label.isdigit() else (1 << 30, label)
 
 
 # ----------------------------------------------------------------------------------------- /metrics
@@ -512,7 +513,7 @@ def render(frame: Frame) -> Any:
             Text(f"{node.gpus_up}/{node.gpus}", style="green" if healthy else "bold red"),
             Text(",".join(node.lost) or "-", style="" if healthy else "bold red"),
             Text(
-                " ".join(f"{code}x{count}" for code, count in node.xids.items()) or "-",
+                " ".join(f"{code}x{node.xids[code]}" for code in sorted(node.xids, key=_gpu_key)) or "-",
                 style="yellow" if node.xids else "",
             ),
             "-" if node.max_temperature is None else f"{node.max_temperature:.0f}C",

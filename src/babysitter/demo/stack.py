@@ -160,8 +160,9 @@ def _tail(path: Path, limit: int = 1500) -> str:
 class Stack:
     """The processes the demo started, each with a log file under ``workdir/logs``."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, grace: float = 10.0) -> None:
         self.workdir = workdir
+        self.grace = grace
         self.logs = workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True, mode=0o755)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -214,8 +215,10 @@ class Stack:
             return True
         return False
 
-    def stop(self, name: str, *, grace: float = 10.0) -> int | None:
-        """SIGCONT + SIGTERM the group, SIGKILL after ``grace`` s; the exit code (None if never started)."""
+    def stop(self, name: str, *, grace: float | None = None) -> int | None:
+        """SIGCONT + SIGTERM the group, SIGKILL after ``grace`` s (default: the stack's); the exit code
+        (None if never started)."""
+        grace = self.grace if grace is None else grace
         proc = self.procs.get(name)
         if proc is None:
             return None
