@@ -276,3 +276,64 @@ def test_identity_holds_exactly_for_any_ledger(book: Book, later: float, live: b
     b = Accountant(tl).window(mid, total.horizon_us / US, now=now, live=live)
     assert a.wall_us + b.wall_us == total.wall_us
     assert a.badput_us["downtime"] + b.badput_us["downtime"] == total.badput_us["downtime"]
+
+
+def test_hold_keeps_uncheckpointed_steps_pending() -> None:
+    book = Book().start(0).steps(1, ramp(1, 10)).save(5.2, 5.5, 5)
+    held = book.account(now=10, live=True, tail="exclude", hold=True)
+    # Steps 2..5 are covered by checkpoint 5 (4 s); 6..10 (4.7 s: the save's 0.3 s is save) are pending.
+    assert nonzero(held) == {"startup": 1.0, "checkpoint_save": 0.3, "productive": 4.0}
+    assert held.pending_us == round(4.7 * US)
+    _identity(held, 10 * US)
+    # A clean end keeps everything: the run finished.
+    assert book.end(10.5).account(hold=True).productive_us == round(8.7 * US)
+
+
+@st.composite
+def _growing_runs(draw: st.DrawFn) -> Book:
+    """Runs whose restarts resume from the newest completed checkpoint, as training scripts do."""
+    book = Book()
+    t, step, saved = 0.0, 0, 0
+    for _ in range(draw(st.integers(1, 4))):
+        t += draw(st.floats(0.5, 20))
+        book.start(t, pst=t - draw(st.floats(0, 2)))
+        if saved:
+            book.load(t + 0.1, t + 0.5, saved)
+            t += 0.5
+        step = saved
+        for _ in range(draw(st.integers(0, 5))):
+            ends = []
+            for _ in range(draw(st.integers(1, 4))):
+                t += draw(st.floats(0.01, 2))
+                ends.append(t)
+            book.steps(step + 1, ends, data_wait=draw(st.floats(0, 0.5)))
+            step += len(ends)
+            if draw(st.booleans()):
+                book.save(t + 0.01, t + 0.01 + draw(st.floats(0, 1)), step, ok=draw(st.booleans()))
+                t += 1.1
+                if book.records[-1].ok:  # type: ignore[union-attr]
+                    saved = step
+            if draw(st.booleans()):
+                book.phase("eval", t, t + 0.5)
+                t += 0.6
+        t += draw(st.floats(0, 2))
+        book.alive(t)
+    return book
+
+
+@settings(max_examples=80, deadline=None)
+@given(_growing_runs())
+def test_live_counters_never_decrease_as_the_run_grows_and_restarts(book: Book) -> None:
+    """What a scrape of the live writer shows after every record: no counter ever goes down."""
+    prev: dict[str, int] | None = None
+    for k in range(1, len(book.records) + 1):
+        part = Book()
+        part.records = book.records[:k]
+        tl = part.timeline()
+        now = max(inc.last_t for inc in tl.incarnations) / US
+        acc = Accountant(tl).totals(now=now, live=True, tail="exclude", hold=True)
+        cur = {"productive": acc.productive_us, **acc.badput_us}
+        if prev is not None:
+            for key, value in cur.items():
+                assert value >= prev[key], (k, key, prev[key], value)
+        prev = cur

@@ -92,8 +92,12 @@ class Book:
         tl.extend(self.records)
         return tl
 
-    def account(self, *, now: float | None = None, live: bool = False, tail: str = "other") -> Accounting:
-        return Accountant(self.timeline()).totals(now=None if now is None else T0 + now, live=live, tail=tail)
+    def account(
+        self, *, now: float | None = None, live: bool = False, tail: str = "other", hold: bool = False
+    ) -> Accounting:
+        return Accountant(self.timeline()).totals(
+            now=None if now is None else T0 + now, live=live, tail=tail, hold=hold
+        )
 
     def write(self, path: Path) -> Path:
         path.write_bytes(b"".join(encode(r) for r in self.records))

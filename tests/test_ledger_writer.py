@@ -17,7 +17,7 @@ import pytest
 from babysitter.catalog import goodput as G
 from babysitter.ledger import LedgerLockedError, LedgerWriter, read_ledger, summarize
 from babysitter.ledger.records import End, Progress, Start
-from test_ledger_helpers import Book, ramp
+from test_ledger_helpers import T0, Book, ramp
 
 LEDGER = "babysitter-ledger.jsonl"
 
@@ -143,13 +143,12 @@ def test_a_restarted_writer_continues_the_counters(tmp_path: Path, writers: list
     # A previous incarnation (killed) wrote 10 steps with a checkpoint at 5, relative to T0.
     book = Book().start(0).steps(1, ramp(10, 10)).save(14, 14.5, 5).alive(19.5)
     book.write(tmp_path / LEDGER)
-    before = summarize(tmp_path, now=None)
     w = make(writers, tmp_path)
-    from test_ledger_helpers import T0
-
     got = samples(w, now=T0 + 19.5)
     assert got[(G.RESTARTS.name, "")] == 0
-    assert got[(G.PRODUCTIVE_SECONDS.name, "")] == before.totals.productive_seconds
+    # Steps 2..5 are covered by the checkpoint; 6..10 are held back until something resumes.
+    assert got[(G.PRODUCTIVE_SECONDS.name, "")] == 4.0
+    assert got[(G.BADPUT_SECONDS.name, "startup")] == 10.0
     w.incarnation_start(time=T0 + 30, info={})
     w.checkpoint_begin(kind="load", step=5, time=T0 + 31, path=None)
     w.checkpoint_end(kind="load", step=5, time=T0 + 32, ok=True, nbytes=None, path=None)
@@ -161,6 +160,7 @@ def test_a_restarted_writer_continues_the_counters(tmp_path: Path, writers: list
     assert got[(G.BADPUT_SECONDS.name, "lost_progress")] == 5.0  # steps 6..10 and the tail of the first
     assert got[(G.BADPUT_SECONDS.name, "checkpoint_load")] == 1.0
     assert got[(G.BADPUT_SECONDS.name, "downtime")] > 0
+    assert got[(G.PRODUCTIVE_SECONDS.name, "")] == 4.0  # never took back: steps 7..10 are pending again
 
 
 def test_counters_never_decrease_while_the_run_goes_on(tmp_path: Path, writers: list[LedgerWriter]) -> None:
@@ -221,7 +221,7 @@ def test_full_disk_training_goes_on_errors_counted_one_warning_records_retried(
     got = samples(w)
     assert got[(G.LEDGER_WRITE_ERRORS.name, "write")] >= 3
     assert got[(G.LEDGER_PENDING_BYTES.name, "")] > 0
-    assert got[(G.PRODUCTIVE_SECONDS.name, "")] > 0  # goodput still computed from memory
+    assert got[(G.BADPUT_SECONDS.name, "startup")] > 0  # goodput still computed from memory
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1
     assert "write failed" in warnings[0].getMessage()

@@ -138,6 +138,11 @@ def render_table(summary: RunSummary, console: Any = None) -> None:
         f"goodput [bold]{t.goodput:.1%}[/bold]  restarts {t.restarts}  "
         f"checkpoints {summary.checkpoints_ok} saved / {summary.checkpoints_failed} failed"
     )
+    if summary.at_risk_seconds > 0:
+        console.print(
+            f"[yellow]{_dur(summary.at_risk_seconds)} of productive time is not covered by a checkpoint "
+            "yet (lost if the run crashed now)[/]"
+        )
     if summary.torn_lines or summary.invalid_lines:
         console.print(
             f"[yellow]ledger: skipped {summary.torn_lines} torn and {summary.invalid_lines} "

@@ -333,13 +333,19 @@ class Accountant:
 
     # -------------------------------------------------------------- totals
 
-    def totals(self, *, now: float | None = None, live: bool = False, tail: str = "other") -> Accounting:
+    def totals(
+        self, *, now: float | None = None, live: bool = False, tail: str = "other", hold: bool = False
+    ) -> Accounting:
         """The whole run up to the horizon.
 
         ``now`` (Unix seconds): for a run that is down (no end record, not ``live``), downtime runs to
         ``now``; for a ``live`` run, the last incarnation runs to ``now`` and its unfinished step counts as
         ``tail`` (``"other"``) or is left pending (``"exclude"``). Without ``now`` the horizon is the
         last record.
+
+        ``hold``: steps that nothing later resumed from yet and that no completed checkpoint covers are
+        left pending instead of productive (unless the run ended cleanly). The live counters use it so
+        that a restart turns pending time into lost progress instead of taking productive time back.
         """
         now_us = None if now is None else round(now * US)
         incs = self.timeline.incarnations
@@ -398,14 +404,26 @@ class Accountant:
             elif not growing and inc.end is None and now_us is not None and now_us > stop:
                 fixed["downtime"] = fixed.get("downtime", 0) + now_us - stop
         productive, lost = 0, 0
+        saved = self._saved_max() if hold and not (incs[-1].end is not None and incs[-1].end.clean) else None
         for i, loose, pool in loose_all:
             thr = thresholds[i]
             for seg, limit_step in enumerate(thr):
+                if saved is not None and limit_step == _INF:
+                    kept, gone = pool.kept(seg, saved)
+                    productive += kept
+                    pending += gone
+                    continue
                 kept, gone = pool.kept(seg, limit_step)
                 productive += kept
                 lost += gone
             for seg, step, rem in loose:
-                if step > thr[min(seg, len(thr) - 1)]:
+                limit_step = thr[min(seg, len(thr) - 1)]
+                if saved is not None and limit_step == _INF:
+                    if step > saved:
+                        pending += rem
+                    else:
+                        productive += rem
+                elif step > limit_step:
                     lost += rem
                 else:
                     productive += rem
@@ -416,6 +434,15 @@ class Accountant:
         if not layout[-1][2] and last_inc.end is None and now_us is not None:
             horizon = max(horizon, now_us)
         return self._result(incs[0].begin, horizon, fixed, [productive], pending)
+
+    def _saved_max(self) -> int:
+        """The highest step a completed checkpoint save covers (-1 when there is none)."""
+        best = -1
+        for inc in self.timeline.incarnations:
+            for span in inc.checkpoints:
+                if span.op == "save" and span.ok:
+                    best = max(best, span.step)
+        return best
 
     def _result(
         self, start: int, horizon: int, fixed: dict[str, int], productive: Iterable[int], pending: int

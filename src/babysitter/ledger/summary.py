@@ -65,6 +65,8 @@ class RunSummary:
     checkpoints_ok: int = 0
     checkpoints_failed: int = 0
     last_checkpoint_step: int | None = None
+    #: Productive step time no completed checkpoint covers yet: lost if the run crashed now.
+    at_risk_seconds: float = 0.0
     extra: dict[str, object] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
@@ -82,6 +84,7 @@ class RunSummary:
             "badput_seconds": t.badput_seconds,
             "restarts": t.restarts,
             "incarnations": t.incarnations,
+            "at_risk_seconds": self.at_risk_seconds,
             "windows": {
                 name: {
                     "wall_seconds": w.wall_seconds,
@@ -154,6 +157,8 @@ def summarize(
     accountant = Accountant(timeline)
     live = state == "running"
     totals = accountant.totals(now=None if state == "ended" else now, live=live, tail="other")
+    held = accountant.totals(now=None if state == "ended" else now, live=live, tail="other", hold=True)
+    at_risk = (totals.productive_us - held.productive_us) / US
     horizon = totals.horizon_us / US
     windows = {
         name: accountant.window(horizon - seconds, horizon, now=None if state == "ended" else now, live=live)
@@ -182,4 +187,5 @@ def summarize(
         checkpoints_ok=len(ok),
         checkpoints_failed=sum(1 for c in saves if c.ok is False),
         last_checkpoint_step=ok[-1].step if ok else None,
+        at_risk_seconds=at_risk,
     )

@@ -209,7 +209,7 @@ class LedgerWriter:
                     existing.invalid_lines,
                 )
             accountant = Accountant(timeline, settle_seconds=self._settle)
-            accountant.totals(now=time.time(), live=True, tail="exclude")  # classify the history once
+            accountant.totals(now=time.time(), live=True, tail="exclude", hold=True)  # classify once
             with self._state_lock:
                 self.timeline = timeline
                 self._accountant = accountant
@@ -370,7 +370,7 @@ class LedgerWriter:
             if not self._loaded.is_set():
                 raise _NotLoaded
             with self._state_lock:
-                acc = self._accountant.totals(now=now, live=True, tail="exclude")
+                acc = self._accountant.totals(now=now, live=True, tail="exclude", hold=True)
             goodput = G.GOODPUT.family(names)
             goodput.add_metric(values, acc.goodput)  # type: ignore[attr-defined]
             productive = G.PRODUCTIVE_SECONDS.family(names)
