@@ -108,6 +108,7 @@ class CallbackCore:
         self._pending_tokens = 0
         self._pending_samples = 0
         self._counts_known = True
+        self._work = 0.0
         self._phase: Any = None
         self._checkpoint: Any = None
         self._checkpoint_handle: Any = None
@@ -156,6 +157,10 @@ class CallbackCore:
         if samples is not None:
             self._pending_samples += samples
 
+    def add_work(self, seconds: float) -> None:
+        """Add host seconds of this rank's own work (no waiting for peers) to the current step."""
+        self._work += seconds
+
     def optimizer_step(self, step: int | None = None, loss: object = None) -> None:
         """One optimizer step finished (after all its micro-batches)."""
         tracker = self.tracker
@@ -166,7 +171,10 @@ class CallbackCore:
         self._pending_tokens = self._pending_samples = 0
         self._counts_known = True
         tracker.step(tokens=tokens, samples=samples, loss=loss, step=step)
+        work, self._work = self._work, 0.0
         if self.straggler is not None:
+            if work > 0:
+                self.straggler.add_work(work)
             self.straggler.after_step()
 
     def phase_begin(self, name: str) -> None:

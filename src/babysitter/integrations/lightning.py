@@ -56,6 +56,8 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
         self.core = CallbackCore(straggler_every=straggler_every, watch_kwargs=watch_kwargs)
         self._last_global_step: int | None = None
         self._trainer: Any = None
+        self._batch_t0 = 0.0
+        self._host_timed = False
 
     @property
     def tracker(self) -> Tracker | None:
@@ -73,7 +75,8 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
             self._start(trainer, pl_module, None)
 
     def _start(self, trainer: Any, pl_module: Any, seq_len: int | None) -> None:
-        self.core.ensure(pl_module, seq_len, **_defaults(trainer))
+        tracker = self.core.ensure(pl_module, seq_len, **_defaults(trainer))
+        self._host_timed = tracker is not None and tracker.config.timing == "cpu"
         self._last_global_step = int(trainer.global_step)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -87,6 +90,14 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
         if self.core.tracker is None:
             self._start(trainer, pl_module, seq_len)
         self.core.micro_batch(tokens, samples)
+        self._batch_t0 = time.perf_counter()
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        # Forward time is this rank's own work (DDP's all-reduce runs in backward): the straggler
+        # score compares it across ranks, which step time cannot do when collectives align steps.
+        # Host-timed, so only on CPU; on CUDA the host merely enqueues kernels.
+        if self._host_timed and self._batch_t0:
+            self.core.add_work(time.perf_counter() - self._batch_t0)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -137,12 +148,10 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
             if tracker is None:
                 return load(checkpoint_path, *args, **kwargs)
             with tracker.checkpoint_load(path=str(checkpoint_path)) as handle:
-                started = time.perf_counter()
                 checkpoint = load(checkpoint_path, *args, **kwargs)
                 step = checkpoint.get("global_step") if isinstance(checkpoint, dict) else None
                 if isinstance(step, int) and step >= 0:
                     handle.step = step
-                log.debug("babysitter: checkpoint load took %.3f s", time.perf_counter() - started)
             self._last_global_step = handle.step
             return checkpoint
 
