@@ -109,3 +109,33 @@ def test_missing_report_extra_gives_a_clear_error(
     monkeypatch.setitem(sys.modules, "rich.console", None)
     assert main(["report", str(run_dir)]) == 2
     assert "babysitter[report]" in capsys.readouterr().err
+
+
+def test_a_live_run_reports_running_up_to_now(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from babysitter.ledger import LedgerWriter
+
+    writer = LedgerWriter(tmp_path, run="live", flush_interval=0.02)
+    try:
+        assert writer.wait_loaded(10)
+        t0 = time.time() - 60
+        writer.incarnation_start(time=t0, info={})
+        writer.progress(
+            boundaries=[(1, t0 + 10), (2, t0 + 11)], data_wait_seconds=0.0, model_flops=0.0, peak_flops=None
+        )
+        writer.flush()
+        deadline = time.monotonic() + 5
+        ledger = tmp_path / "babysitter-ledger.jsonl"
+        while not ledger.exists() or b'"k":"prog"' not in ledger.read_bytes():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        now = time.time()
+        assert main(["report", str(tmp_path), "--json", "--now", str(now)]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["state"] == "running"
+        assert data["horizon_time"] == pytest.approx(now, abs=1e-3)
+        assert data["at_risk_seconds"] == pytest.approx(1.0)  # step 2, no checkpoint covers it
+        assert data["incarnation_list"][0]["ending"] == "running"
+    finally:
+        writer.close(time=time.time(), clean=True)
+    assert main(["report", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "ended"
