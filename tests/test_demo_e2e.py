@@ -1,0 +1,212 @@
+"""Acceptance: ``babysitter demo`` with a short scenario, the real stack (Prometheus, Alertmanager, node
+agent, CPU training), every scripted fault paged, the report's goodput equal to the ledger's,
+``babysitter top`` rendered against the live demo; Ctrl-C and a missing Prometheus."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from babysitter.ledger import summarize
+from babysitter.top import Frame, MetricsSource, PrometheusSource, render
+from promkit import ALERTMANAGER, PROMETHEUS, require_binary
+
+# Faults well after startup (the first checkpoints must exist before the slow one), a hang long
+# enough for the fast profile's 15 s stall threshold, 80 s in all.
+SCENARIO = {
+    "duration": 80,
+    "gpus": 8,
+    "events": [
+        {"at": 22, "event": "slow_checkpoint", "seconds": 5},
+        {"at": 30, "event": "xid79", "gpu": 5},
+        {"at": 36, "event": "kill", "restart_after": 3},
+        {"at": 48, "event": "hang", "seconds": 22},
+    ],
+}
+EXPECTED = ["CheckpointSaveSlow", "GpuXidCritical", "GpuDown", "TrainingProcessExited", "TrainingStalled"]
+
+
+def _start(
+    tmp_path: Path, *extra: str, scenario: dict[str, Any] = SCENARIO
+) -> tuple[subprocess.Popen[str], Path]:
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps(scenario))
+    workdir = tmp_path / "demo"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "babysitter",
+            "demo",
+            "--scenario",
+            str(path),
+            "--workdir",
+            str(workdir),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    return proc, workdir
+
+
+def _stack(workdir: Path, proc: subprocess.Popen[str], timeout: float = 90) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    path = workdir / "stack.json"
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"demo exited early: {proc.communicate()[0]}")
+        assert time.monotonic() < deadline, "demo never came up"
+        time.sleep(0.2)
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _text(frame: Frame) -> str:
+    console = Console(record=True, width=220, color_system=None)
+    console.print(render(frame))
+    return console.export_text()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _assert_all_gone(pids: dict[str, int]) -> None:
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert {n: p for n, p in pids.items() if _alive(p)} == {}, "processes left behind"
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.prometheus
+def test_demo_pages_every_fault_and_reports_the_ledgers_goodput(tmp_path: Path) -> None:
+    require_binary(PROMETHEUS, "prometheus")
+    require_binary(ALERTMANAGER, "alertmanager")
+    proc, workdir = _start(tmp_path, "--strict")
+    try:
+        stack = _stack(workdir, proc)
+        t0 = float(stack["t0"])
+        # babysitter top against the live demo, once the Xid 79 has paged (fault at +30 s).
+        prom = PrometheusSource(stack["prometheus"], window="20s", timeout=2.0)
+        direct = MetricsSource([stack["node_agent"]], timeout=2.0)
+        deadline = t0 + 50
+        while True:
+            frame = prom.frame()
+            firing = {a.name for a in frame.alerts or () if a.state == "firing"}
+            node = frame.nodes[0] if frame.nodes else None
+            if node is not None and node.lost == ("5",) and "GpuXidCritical" in firing and frame.runs:
+                break
+            assert time.time() < deadline, f"top never showed the lost GPU and its alert: {frame}"
+            time.sleep(1)
+        text = _text(frame)
+        run_line = next(line for line in text.splitlines() if line.startswith("│ demo "))
+        assert re.search(r"\d+\.\d%", run_line), "MFU and goodput shown"
+        node_line = next(line for line in text.splitlines() if line.startswith(f"│ {node.instance}"))
+        assert "7/8" in node_line and "79x1" in node_line and "GpuXidCritical" in node_line
+        assert "GpuXidCritical" in text.split("Alerts", 1)[1]
+        direct_text = _text(direct.frame())
+        assert "demo" in direct_text and "79x1" in direct_text
+        out, _ = proc.communicate(timeout=150)
+    finally:
+        _kill(proc)
+    assert proc.returncode == 0, out
+    # Every scripted fault paged through Alertmanager, after the fault.
+    fault_at = {}
+    for line in out.splitlines():
+        if m := re.match(r"\[\+\s*([\d.]+)s\] FAULT (.*)", line):
+            fault_at[m.group(2)] = float(m.group(1))
+    assert len(fault_at) == 4, out
+    for name in EXPECTED:
+        assert re.search(rf"\] PAGE \w+ {name} ", out), f"{name} not paged:\n{out}"
+    assert "not paged" not in out
+    xid_page = re.search(r"\[\+\s*([\d.]+)s\] PAGE critical GpuXidCritical .*gpu=5 xid=79", out)
+    assert xid_page and float(xid_page.group(1)) >= fault_at["Xid 79 on GPU 5: fallen off the bus"]
+    # The final report's goodput is the ledger's, digit for digit.
+    m = re.search(r"^goodput ([\d.]+)% \(productive", out, re.M)
+    assert m, out
+    summary = summarize(workdir / "run")
+    assert summary.state == "ended"
+    assert float(m.group(1)) == pytest.approx(round(summary.totals.goodput * 100, 4), abs=1e-9)
+    report = subprocess.run(
+        [sys.executable, "-m", "babysitter", "report", str(workdir / "run"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["goodput"] == pytest.approx(summary.totals.goodput, abs=1e-12)
+    # The scripted faults are where the ledger says the time went.
+    bad = summary.totals.badput_seconds
+    assert summary.totals.restarts == 1
+    assert bad["lost_progress"] > 1.0, "the kill lost the steps since the last checkpoint"
+    assert bad["hang"] > 15.0
+    assert bad["checkpoint_save"] > 5.0
+    assert bad["downtime"] > 3.0
+    assert (workdir / "goodput-report.png").stat().st_size > 10_000
+    _assert_all_gone(stack["pids"])
+
+
+@pytest.mark.slow
+@pytest.mark.prometheus
+def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    require_binary(PROMETHEUS, "prometheus")
+    require_binary(ALERTMANAGER, "alertmanager")
+    proc, workdir = _start(tmp_path)
+    try:
+        stack = _stack(workdir, proc)
+        assert set(stack["pids"]) == {"alertmanager", "prometheus", "node-agent", "trainer"}
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=40)
+    finally:
+        _kill(proc)
+    assert proc.returncode == 130, out
+    assert "interrupted, stopping everything it started" in out
+    _assert_all_gone(stack["pids"])
+
+
+@pytest.mark.slow
+def test_without_prometheus_the_rest_runs_and_says_what_to_install(tmp_path: Path) -> None:
+    scenario = {"duration": 15, "gpus": 2, "events": [{"at": 3, "event": "xid79", "gpu": 1}]}
+    proc, workdir = _start(tmp_path, "--prometheus-bin", str(tmp_path / "no-prometheus"), scenario=scenario)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        _kill(proc)
+    assert proc.returncode == 0, out
+    assert "Missing: prometheus" in out
+    assert out.count("sudo apt-get install prometheus prometheus-alertmanager") == 2, (
+        "at the start and the end"
+    )
+    assert "Xid 79 on GPU 1" in out
+    assert re.search(r"^goodput [\d.]+% \(productive", out, re.M), out
+    assert "PAGE" not in out
+    assert not (workdir / "prometheus").exists()
+    assert os.path.exists(workdir / "run" / "babysitter-ledger.jsonl")
