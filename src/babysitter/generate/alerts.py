@@ -655,6 +655,40 @@ def _node(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
+    sources = N.XID_SOURCE_UP
+    xid_blind = Alert(
+        name="NodeXidBlind",
+        # One source (kernel log or NVML events) is enough; only when every one fails is the host blind.
+        expr=f"max {by(host_key)} ({select(sources, ns)}) == 0",
+        severity="warning",
+        component="node",
+        summary=f"Xid errors on {_l('instance')} go unseen.",
+        description=(
+            f"No Xid source (kernel log, NVML events) of the node agent on {_l('instance')} (cluster "
+            f"{_l(c)}) has worked for {cfg.collector_failing_for}: GPU faults there raise no Xid alert. "
+            f"Usually /dev/kmsg is unreadable for the agent's user or container."
+        ),
+        for_=cfg.collector_failing_for,
+        test=AlertTest(
+            series=(
+                (_series(sources, {**_node_labels(), "source": "kmsg"}), "1+0x5 0+0x20"),
+                (_series(sources, {**_node_labels(), "source": "nvml"}), "0+0x25"),
+                (_series(sources, {**_node_labels(), "instance": "n2:9400", "source": "kmsg"}), "0+0x25"),
+                (_series(sources, {**_node_labels(), "instance": "n2:9400", "source": "nvml"}), "1+0x25"),
+            ),
+            quiet=(("5m", "the kernel log still works"), ("15m", "before for:")),
+            fire_at="20m",
+            fire_labels=({"cluster": "c1", "instance": "n1:9400"},),
+            fire_text=(
+                (
+                    "Xid errors on n1:9400 go unseen.",
+                    "No Xid source (kernel log, NVML events) of the node agent on n1:9400 (cluster c1) has "
+                    "worked for 10m: GPU faults there raise no Xid alert. Usually /dev/kmsg is unreadable "
+                    "for the agent's user or container.",
+                ),
+            ),
+        ),
+    )
     agent_labels = {"cluster": "c1", "instance": "n1:9400", "job": "babysitter-node"}
     agent_down = Alert(
         name="NodeAgentDown",
@@ -685,7 +719,7 @@ def _node(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
-    return [storage_slow, storage_failing, collector_failing, agent_down]
+    return [storage_slow, storage_failing, collector_failing, xid_blind, agent_down]
 
 
 def _node_labels() -> dict[str, str]:
