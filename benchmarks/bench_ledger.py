@@ -116,7 +116,7 @@ def generate(
                         steps=tuple(batch_steps),
                         ends=tuple(batch_ends),
                         data_wait=rng.randrange(0, 50_000),
-                        model_flops=4.1e15 * len(batch_steps),
+                        model_flops=0.45 * 9.89e14 * step_time * len(batch_steps),
                         peak_flops=peak,
                     )
                 )
@@ -132,7 +132,7 @@ def generate(
                     steps=tuple(batch_steps),
                     ends=tuple(batch_ends),
                     data_wait=0,
-                    model_flops=4.1e15 * len(batch_steps),
+                    model_flops=0.45 * 9.89e14 * step_time * len(batch_steps),
                     peak_flops=peak,
                 )
             )

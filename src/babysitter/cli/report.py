@@ -225,7 +225,8 @@ def render_png(summary: RunSummary, path: Path, *, now: float | None = None) -> 
                 edgecolors="black",
                 linewidth=0.5,
             )
-            ax_t.text(x(inc.start), 2.0, f"#{inc.index}", fontsize=7, va="bottom")
+            if len(summary.incarnations) <= 12 or (inc.end - inc.start) > t.wall_seconds / 25:
+                ax_t.text(x(inc.start), 2.0, f"#{inc.index}", fontsize=7, va="bottom")
         spans = badput_spans(
             summary.accountant, now=now if summary.state != "ended" else None, live=summary.state == "running"
         )
@@ -242,11 +243,13 @@ def render_png(summary: RunSummary, path: Path, *, now: float | None = None) -> 
         handles += [Patch(color=CAUSE_COLORS.get(c, "#000000"), label=c) for c in by_cause]
         ax_t.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
         any_mfu = False
+        total_points = sum(len(inc.points) for inc in summary.timeline.incarnations) or 1
         for full in summary.timeline.incarnations:
-            points = step_points(full)
+            # About 4000 points for the whole figure, shared by the incarnations by their length.
+            points = step_points(full, max_points=max(20, 4000 * len(full.points) // total_points))
             if not points:
                 continue
-            marker = "." if len(points) < 300 else None
+            marker = "." if total_points < 300 else None
             ax_s.plot(
                 [x(p.time) for p in points],
                 [p.step_seconds for p in points],

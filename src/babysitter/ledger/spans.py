@@ -7,7 +7,7 @@ were later computed again (lost progress). Data stalls are spread over steps and
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from babysitter.ledger.accounting import Accountant
@@ -91,33 +91,53 @@ def _lost(inc: Incarnation, thresholds: list[int], stop: int) -> list[Span]:
     return out
 
 
-def step_points(inc: Incarnation, max_points: int = 4000) -> list[StepPoint]:
-    """Mean step time and MFU per progress record of ``inc`` (binned down to ``max_points``)."""
-    points = []
-    for p in inc.points:
-        if p.i1 - p.i0 < 1 or (p.i0 == 0 and p.i1 - p.i0 < 2):
+class _Pauses:
+    """Checkpoint and phase time inside any ``[a, b]``, in O(log n) (pieces are sorted, disjoint)."""
+
+    def __init__(self, pieces: list[tuple[int, int, str]]) -> None:
+        self.begins = [p[0] for p in pieces]
+        self.ends = [p[1] for p in pieces]
+        self.cum = [0]
+        for a, b, _ in pieces:
+            self.cum.append(self.cum[-1] + (b - a))
+
+    def within(self, a: int, b: int) -> int:
+        i = bisect_right(self.ends, a)  # first piece ending after a
+        j = bisect_left(self.begins, b)  # first piece beginning at or after b
+        if i >= j:
+            return 0
+        total = self.cum[j] - self.cum[i] - max(0, a - self.begins[i]) - max(0, self.ends[j - 1] - b)
+        return max(0, total)
+
+
+def step_points(inc: Incarnation, max_points: int = 4000, *, stop: int | None = None) -> list[StepPoint]:
+    """Mean step time and MFU of ``inc`` over consecutive progress lines, at most ``max_points`` points.
+
+    Lines are grouped into equal chunks first (a month of lines costs one pass over the chunks);
+    checkpoint and phase time inside a chunk is left out, as the tracker's step time and MFU do.
+    """
+    pts = inc.points
+    if not pts:
+        return []
+    pauses = _Pauses(inc.pieces(stop if stop is not None else inc.last_t))
+    size = max(1, -(-len(pts) // max(1, max_points)))
+    out: list[StepPoint] = []
+    ends = inc.ends
+    for k in range(0, len(pts), size):
+        chunk = pts[k : k + size]
+        lo = chunk[0].i0 - 1 if chunk[0].i0 > 0 else chunk[0].i0
+        hi = chunk[-1].i1 - 1
+        n = hi - lo
+        if n <= 0:
             continue
-        lo = p.i0 - 1 if p.i0 > 0 else p.i0
-        n = p.i1 - 1 - lo
-        span = inc.ends[p.i1 - 1] - inc.ends[lo]
-        if n <= 0 or span <= 0:
+        span = ends[hi] - ends[lo] - pauses.within(ends[lo], ends[hi])
+        if span <= 0:
             continue
-        mfu = None
-        if p.peak_flops and p.model_flops > 0:
-            mfu = p.model_flops / (span / US) / p.peak_flops
-        points.append(StepPoint(inc.ends[p.i1 - 1] / US, span / n / US, mfu))
-    if len(points) <= max_points:
-        return points
-    size = -(-len(points) // max_points)
-    binned = []
-    for k in range(0, len(points), size):
-        chunk = points[k : k + size]
-        mfus = [c.mfu for c in chunk if c.mfu is not None]
-        binned.append(
-            StepPoint(
-                chunk[-1].time,
-                sum(c.step_seconds for c in chunk) / len(chunk),
-                sum(mfus) / len(mfus) if mfus else None,
-            )
-        )
-    return binned
+        flops = sum(p.model_flops for p in chunk)
+        first = chunk[0]
+        if first.i0 == 0 and first.i1 > 0:  # the first step of an incarnation is startup, not in ``span``
+            flops -= first.model_flops / (first.i1 - first.i0)
+        peak = chunk[-1].peak_flops
+        mfu = flops / (span / US) / peak if peak and flops > 0 else None
+        out.append(StepPoint(ends[hi] / US, span / n / US, mfu))
+    return out
