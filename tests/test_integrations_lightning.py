@@ -124,3 +124,17 @@ def test_resume_times_the_load_and_continues_the_step_count(tmp_path: Path) -> N
     assert sample_value(reg, T.CKPT_LOAD_DURATION.name + "_count") == 1
     assert sample_value(reg, T.STEP.name) == 6
     assert sample_value(reg, T.STEPS.name) == 2  # steps this process ran
+
+
+def test_batch_counts_reads_shapes_only() -> None:
+    from babysitter.integrations._core import batch_counts
+
+    ids = torch.zeros(4, 16, dtype=torch.long)
+    assert batch_counts({"input_ids": ids, "labels": ids}) == (64, 4, 16)
+    assert batch_counts({"attention_mask": ids}) == (64, 4, 16)
+    assert batch_counts((ids, torch.zeros(4))) == (64, 4, 16)
+    assert batch_counts(ids) == (64, 4, 16)
+    assert batch_counts(torch.zeros(4, 16)) == (None, 4, None)  # float features: samples only
+    assert batch_counts({"pixels": ids}) == (None, None, None)
+    assert batch_counts([]) == (None, None, None)
+    assert batch_counts("text") == (None, None, None)

@@ -26,25 +26,6 @@ _TOKEN_KEYS = ("input_ids", "attention_mask", "labels", "decoder_input_ids")
 _UNSET: Any = object()
 
 
-def _shape(value: object) -> tuple[int, ...] | None:
-    shape = getattr(value, "shape", None)
-    if shape is None or not hasattr(value, "dtype"):
-        return None
-    try:
-        return tuple(int(d) for d in shape)
-    except (TypeError, ValueError):
-        return None
-
-
-def _is_integer_tensor(value: object) -> bool:
-    dtype = getattr(value, "dtype", None)
-    return (
-        dtype is not None
-        and getattr(dtype, "is_floating_point", True) is False
-        and not getattr(dtype, "is_complex", False)
-    )
-
-
 def batch_counts(batch: object) -> tuple[int | None, int | None, int | None]:
     """(tokens, samples, sequence length) of a batch from tensor shapes only (no device sync).
 
@@ -52,8 +33,8 @@ def batch_counts(batch: object) -> tuple[int | None, int | None, int | None]:
     batch uses ``input_ids`` (else ``attention_mask``...), a tensor or a tuple's first tensor counts
     when it holds integer token ids of shape (batch, seq). Unknown shapes give None.
     """
-    value: object = None
-    if isinstance(batch, Mapping):
+    value: Any = None
+    if type(batch) is dict or isinstance(batch, Mapping):  # the exact-type test skips the ABC check
         for key in _TOKEN_KEYS:
             if key in batch:
                 value = batch[key]
@@ -62,14 +43,14 @@ def batch_counts(batch: object) -> tuple[int | None, int | None, int | None]:
         value = batch[0]
     else:
         value = batch
-    shape = _shape(value)
-    if shape is None or len(shape) < 2 or not _is_integer_tensor(value):
-        samples = shape[0] if shape else None
-        return None, samples, None
-    tokens = 1
-    for d in shape:
-        tokens *= d
-    return tokens, shape[0], shape[-1]
+    try:
+        dim = value.dim()
+        shape = value.shape
+        if dim < 2 or value.is_floating_point() or value.is_complex():
+            return None, (int(shape[0]) if dim else None), None
+        return int(value.numel()), int(shape[0]), int(shape[-1])
+    except Exception:  # not a tensor: nothing to count
+        return None, None, None
 
 
 def find_config_owner(model: object) -> object | None:
