@@ -104,10 +104,10 @@ class TestPromtool:
         """promtool test rules passes every alert's firing and quiet cases."""
         require_promtool()
         tests = sorted(str(p.relative_to(REPO / "alerts")) for p in (REPO / "alerts/tests").glob("*.yaml"))
-        assert len(tests) == len(ALERTS)
+        assert len(tests) == len(ALERTS) + 1  # and the recording rules' test
         result = promtool(["test", "rules", *tests], REPO / "alerts", timeout=120)
         assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-        assert result.stdout.count("SUCCESS") == len(ALERTS)
+        assert result.stdout.count("SUCCESS") == len(tests)
 
     def test_fast_profile_rules_are_valid(self, tmp_path: Path) -> None:
         """The rules the end-to-end tests and the demo load pass promtool check rules too."""

@@ -213,3 +213,96 @@ def recording_rules(cfg: GenerateConfig) -> list[tuple[str, str]]:
     return [
         (str(rule["record"]), str(rule["expr"])) for rule in (*_training_rules(cfg, r), *_node_rules(cfg, r))
     ]
+
+
+def _series(spec_name: str, labels: dict[str, str]) -> str:
+    inner = ", ".join(f'{key}="{value}"' for key, value in labels.items())
+    return f"{spec_name}{{{inner}}}"
+
+
+def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
+    """A promtool test file with ``promql_expr_test`` cases for the recording rules (default config).
+
+    The rules' arithmetic is what the dashboards show, so each case pins one result computed by hand.
+    """
+    r = Records(cfg)
+    base = {"cluster": "c1", "instance": "n1:9400", "job": "babysitter-node", "run": "r1"}
+
+    def rank(number: str, **extra: str) -> dict[str, str]:
+        return {**base, "rank": number, **extra}
+
+    def out(record: str, **labels: str) -> str:
+        return _series(record, {"cluster": "c1", **labels})
+
+    step_bucket = T.STEP_DURATION.name + "_bucket"
+    series = [
+        # MFU: ranks 0 and 1 at 50 and 30 FLOP/s of 100 each; rank 2's device has no known peak and must
+        # not count on either side of the ratio.
+        (_series(T.MODEL_FLOPS.name, rank("0")), "0+3000x20"),
+        (_series(T.PEAK_FLOPS.name, rank("0")), "100+0x20"),
+        (_series(T.MODEL_FLOPS.name, rank("1")), "0+1800x20"),
+        (_series(T.PEAK_FLOPS.name, rank("1")), "100+0x20"),
+        (_series(T.MODEL_FLOPS.name, rank("2")), "0+60000x20"),
+        # Step time: ranks at 1 s, 1 s and 1.5 s per step; every step of rank 0 in the (0.5, 1] bucket.
+        *(
+            (_series(f"{T.STEP_DURATION.name}_{part}", rank(number)), f"0+{per_min}x20")
+            for number, step_sum in (("0", 60), ("1", 60), ("2", 90))
+            for part, per_min in (("sum", step_sum), ("count", 60))
+        ),
+        (_series(step_bucket, rank("0", le="0.5")), "0+0x20"),
+        (_series(step_bucket, rank("0", le="1")), "0+60x20"),
+        (_series(step_bucket, rank("0", le="+Inf")), "0+60x20"),
+        (_series(T.STEPS.name, rank("0")), "0+60x20"),
+        (_series(T.STEPS.name, rank("1")), "0+60x20"),
+        (_series(T.LAST_STEP_TIMESTAMP.name, rank("0")), "0+60x20"),
+        (_series(T.LAST_STEP_TIMESTAMP.name, rank("1")), "0+59x20"),
+        # Goodput: 48 productive and 12 badput seconds per minute.
+        (_series(G.PRODUCTIVE_SECONDS.name, rank("0")), "0+48x20"),
+        (_series(G.BADPUT_SECONDS.name, rank("0", cause="data_stall")), "0+8x20"),
+        (_series(G.BADPUT_SECONDS.name, rank("0", cause="checkpoint_save")), "0+4x20"),
+        # Checkpoints saved every 5 minutes (Unix time of the last success).
+        (_series(T.CKPT_LAST_SUCCESS.name, rank("0")), "0+0x4 300+0x4 600+0x4 900+0x4 1200+0x4"),
+        # Storage probe: 0.5 s write + 0.2 s fsync.
+        (_series(S.STORAGE_PROBE_WRITE.name, {**base, "path": "/ckpt"}), "0.5+0x20"),
+        (_series(S.STORAGE_PROBE_FSYNC.name, {**base, "path": "/ckpt"}), "0.2+0x20"),
+    ]
+    at = "10m"
+    cases: list[tuple[str, list[tuple[str, float]]]] = [
+        (r.mfu, [(out(r.mfu, run="r1"), 0.4)]),
+        (
+            r.rank_step_mean,
+            [(out(r.rank_step_mean, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))],
+        ),
+        (
+            r.rank_step_ratio,
+            [(out(r.rank_step_ratio, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))],
+        ),
+        # Linear interpolation inside the (0.5, 1] bucket: 0.5 + 0.5 x 0.5.
+        (r.step_quantile(0.5), [(out(r.step_quantile(0.5), run="r1"), 0.75)]),
+        (r.step_quantile(0.9), [(out(r.step_quantile(0.9), run="r1"), 0.95)]),
+        (r.last_step, [(out(r.last_step, run="r1"), 600.0)]),
+        (r.goodput_window, [(out(r.goodput_window, run="r1"), 0.8)]),
+        (r.checkpoint_interval, [(out(r.checkpoint_interval, run="r1"), 300.0)]),
+        (r.cluster_ranks, [(out(r.cluster_ranks), 2.0)]),
+        (
+            r.storage_probe_total,
+            [(_series(r.storage_probe_total, {**base, "path": "/ckpt"}), 0.7)],
+        ),
+    ]
+    return {
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": name, "values": values} for name, values in series],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": at,
+                        "exp_samples": [{"labels": labels, "value": value} for labels, value in samples],
+                    }
+                    for expr, samples in cases
+                ],
+            }
+        ],
+    }

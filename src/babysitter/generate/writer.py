@@ -19,7 +19,7 @@ from babysitter.generate.alerts import alert_groups, alerts, test_file
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.dashboards import dashboards
 from babysitter.generate.metrics_doc import render_metrics_doc
-from babysitter.generate.rules import recording_groups
+from babysitter.generate.rules import recording_groups, recording_tests
 from babysitter.generate.yamlout import dump
 
 __all__ = [
@@ -41,6 +41,8 @@ ALERT_TESTS_DIR = "alerts/tests"
 RUNBOOKS_DIR = "docs/runbooks"
 METRICS_DOC = "docs/metrics.md"
 RUNBOOK_INDEX = f"{RUNBOOKS_DIR}/README.md"
+#: promtool test of the recording rules; its name cannot clash with an alert's (alerts are CamelCase).
+RECORDING_RULES_TEST = f"{ALERT_TESTS_DIR}/recording-rules.yaml"
 
 #: Generated files matching these (directory, suffix) pairs that are no longer produced are removed.
 _OWNED = ((DASHBOARDS_DIR, ".json"), (ALERT_TESTS_DIR, ".yaml"))
@@ -92,6 +94,8 @@ def render(cfg: GenerateConfig) -> dict[str, str]:
             files[f"{ALERT_TESTS_DIR}/{alert.name}.yaml"] = _yaml(
                 test_file(alert, cfg, rule_files), (f"{alert.name}: fires at {alert.test.fire_at}.", *why)
             )
+        rules_test = {"rule_files": rule_files[:1], **recording_tests(cfg)}
+        files[RECORDING_RULES_TEST] = _yaml(rules_test, ("Recording rules: one hand-computed result each.",))
     files[METRICS_DOC] = render_metrics_doc(cfg)
     files[RUNBOOK_INDEX] = _runbook_index(cfg)
     return dict(sorted(files.items()))
