@@ -8,6 +8,7 @@ receiver; plays a scenario of faults; prints pages as they arrive; ends with the
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,15 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the subcommand; 2 for a bad scenario or option."""
+    """Run the subcommand; 2 for a bad scenario or option or a missing Python package."""
+    missing = [name for name in ("torch", "rich") if importlib.util.find_spec(name) is None]
+    if missing:
+        sys.stderr.write(
+            f"babysitter demo needs {' and '.join(missing)}: install the CPU build of torch "
+            "(pip install torch==2.13.0 from PyTorch's CPU wheel index; `make env` does it) and "
+            "pip install 'babysitter[report]' for rich and matplotlib\n"
+        )
+        return 2
     from rich.console import Console
 
     from babysitter.demo.runner import DemoOptions, run_demo

@@ -10,6 +10,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from typing import Any
 
@@ -40,6 +41,9 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the subcommand: 0, 1 when a --once frame got nothing from any source, 2 for bad arguments."""
+    if importlib.util.find_spec("rich") is None:
+        sys.stderr.write("babysitter top needs rich: pip install 'babysitter[report]'\n")
+        return 2
     from babysitter.top import MetricsSource, PrometheusSource, Source, run_top
 
     if not args.interval > 0 or not args.timeout > 0:
