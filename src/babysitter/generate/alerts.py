@@ -251,13 +251,13 @@ def _training(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
-    peak_all = r.mfu
+    mfu = r.mfu
     mfu_drop = Alert(
         name="TrainingMfuDrop",
         expr=(
-            f"{peak_all}\n< {on_run}\n"
+            f"{mfu}\n< {on_run}\n"
             f"({1 - cfg.mfu_drop_fraction:g} * "
-            f"quantile_over_time(0.5, {peak_all}[{cfg.mfu_baseline_window}]))"
+            f"quantile_over_time(0.5, {mfu}[{cfg.mfu_baseline_window}]))"
             f"\nand {on_run}\n{r.steps_rate} > 0"
         ),
         severity="warning",
