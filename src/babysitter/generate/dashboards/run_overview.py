@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from babysitter.catalog import MetricSpec
 from babysitter.catalog import goodput as G
+from babysitter.catalog import runtime as R
 from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.dashboards._builder import Dashboard, Panel, Row, Target
@@ -155,6 +156,19 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             min=0,
             width=8,
             description="Fraction of wall time the training loop waited for the next batch.",
+        ),
+        Panel(
+            "Stall clock and hang threshold",
+            (
+                Target(f"max {run} ({s(R.STALLED_SECONDS)})", "{{run}} seconds since a step (worst rank)"),
+                Target(f"max {run} ({s(R.HANG_THRESHOLD)})", "{{run}} hang threshold"),
+                Target(f"sum {run} (increase({s(R.HANGS)}[{ri}]))", "{{run}} hangs detected"),
+            ),
+            unit="s",
+            min=0,
+            width=12,
+            description="The tracker's watchdog: seconds since the last step (paused during checkpoints and "
+            "marked phases) against its threshold; a hang is counted (and stacks dumped) when it crosses.",
         ),
         Panel("Loss", (Target(f"avg {run} ({s(T.LOSS)})", "{{run}}"),), width=12),
         Panel(
