@@ -337,3 +337,11 @@ def test_live_counters_never_decrease_as_the_run_grows_and_restarts(book: Book) 
             for key, value in cur.items():
                 assert value >= prev[key], (k, key, prev[key], value)
         prev = cur
+
+
+def test_a_checkpoint_begin_whose_end_was_lost_closes_at_the_next_begin() -> None:
+    book = Book().start(0).steps(1, ramp(1, 3)).save(3.1, None, 3).steps(4, [5]).save(5.1, 5.6, 4)
+    acc = book.steps(5, [6]).end(6).account()
+    # The first save counts up to the second save's begin (2.0 s), not to the end of the run.
+    assert nonzero(acc)["checkpoint_save"] == 2.5
+    _identity(acc, 6 * US)

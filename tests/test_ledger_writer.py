@@ -16,7 +16,7 @@ import pytest
 
 from babysitter.catalog import goodput as G
 from babysitter.ledger import LedgerLockedError, LedgerWriter, read_ledger, summarize
-from babysitter.ledger.records import End, Progress, Start
+from babysitter.ledger.records import CheckpointEnd, End, Progress, Start
 from test_ledger_helpers import T0, Book, ramp
 
 LEDGER = "babysitter-ledger.jsonl"
@@ -255,17 +255,29 @@ def test_unusable_run_dir_never_raises_and_recovers(tmp_path: Path, writers: lis
     assert [s for r in records if isinstance(r, Progress) for s in r.steps] == [1, 2, 3, 4, 5]
 
 
-def test_pending_buffer_is_bounded_while_storage_fails(tmp_path: Path, writers: list[LedgerWriter]) -> None:
-    (tmp_path / LEDGER).symlink_to("/dev/full")
+def test_pending_buffer_is_bounded_while_storage_fails_and_keeps_the_records_that_matter(
+    tmp_path: Path, writers: list[LedgerWriter]
+) -> None:
+    path = tmp_path / LEDGER
+    path.symlink_to("/dev/full")
     w = make(writers, tmp_path, max_pending_bytes=1 << 16)
     t0 = time.time()
     w.incarnation_start(time=t0, info={})
     for i in range(40):
         drive(w, t0 + i, 1 + i * 2000, 2000, dt=0.0001)
+        if i == 20:
+            w.checkpoint_begin(kind="save", step=42_000, time=t0 + i + 0.5, path=None)
+            w.checkpoint_end(kind="save", step=42_000, time=t0 + i + 0.6, ok=True, nbytes=1, path=None)
         w.flush()
         time.sleep(0.005)
     wait_for(lambda: samples(w)[(G.LEDGER_DROPPED_RECORDS.name, "")] > 0)
     assert samples(w)[(G.LEDGER_PENDING_BYTES.name, "")] <= 1 << 16
+    path.unlink()  # the storage recovers
+    wait_for(lambda: samples(w)[(G.LEDGER_PENDING_BYTES.name, "")] == 0)
+    records = read_ledger(path).records
+    assert isinstance(records[0], Start)  # progress lines were dropped first, never the start
+    assert any(isinstance(r, CheckpointEnd) and r.step == 42_000 for r in records)
+    assert sum(len(r.steps) for r in records if isinstance(r, Progress)) < 80_000
 
 
 def test_bad_input_is_skipped_and_nothing_raises(tmp_path: Path, writers: list[LedgerWriter]) -> None:

@@ -117,6 +117,9 @@ class Incarnation:
         if isinstance(record, Progress):
             self._add_progress(record)
         elif isinstance(record, CheckpointBegin):
+            stale = self._open_ckpt.get(record.op)
+            if stale is not None:  # its end never made it to the ledger: it ended when this one began
+                stale.end = max(t, stale.begin)
             span = CheckpointSpan(record.op, record.step, t, path=record.path)
             self.checkpoints.append(span)
             self._open_ckpt[record.op] = span

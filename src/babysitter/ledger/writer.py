@@ -56,6 +56,10 @@ log = logging.getLogger(__name__)
 _Pending = tuple[list[tuple[int, float]], float, float, float | None]
 
 
+#: Lines dropped first when the unwritten buffer overflows (see ``_bound_buffer``).
+_DROPPABLE = (b'{"v":1,"k":"prog"', b'{"v":1,"k":"alive"')
+
+
 class _NotLoaded(Exception):
     """The existing ledger is still being read."""
 
@@ -492,14 +496,26 @@ class LedgerWriter:
             self._write(durable=durable)
 
     def _bound_buffer(self) -> None:
-        excess = len(self._unwritten) - self._max_pending
-        if excess <= 0:
+        """Keep the unwritten buffer under its bound while the storage fails: drop the oldest progress
+        and sign-of-life lines first (down to 3/4 of the bound), so that incarnation starts, ends and
+        checkpoints, which the accounting hinges on, survive longest."""
+        if len(self._unwritten) <= self._max_pending:
             return
-        cut = self._unwritten.find(b"\n", excess - 1)
-        cut = len(self._unwritten) if cut < 0 else cut + 1
-        self._dropped += self._unwritten[:cut].count(b"\n")
-        del self._unwritten[:cut]
-        self._need_newline = True
+        target = self._max_pending * 3 // 4
+        size = len(self._unwritten)
+        lines = bytes(self._unwritten).split(b"\n")[:-1]  # the buffer holds whole lines only
+        kept: list[bytes] = []
+        for line in lines:
+            if size > target and line.startswith(_DROPPABLE):
+                size -= len(line) + 1
+                self._dropped += 1
+            else:
+                kept.append(line)
+        while kept and size > target:
+            size -= len(kept[0]) + 1
+            self._dropped += 1
+            kept.pop(0)
+        self._unwritten = bytearray(b"".join(line + b"\n" for line in kept))
 
     def _heartbeat(self, mono: float) -> None:
         self._last_heartbeat = mono
