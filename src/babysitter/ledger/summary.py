@@ -42,6 +42,8 @@ class IncarnationSummary:
     steps: int
     ending: str
     mean_step_seconds: float | None
+    #: What the tracker recorded at start: world size, version, device, FLOPs per token, ...
+    info: dict[str, object] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready dict."""
@@ -129,6 +131,7 @@ def _incarnation(inc: Incarnation, stop: int, last: bool, state: State) -> Incar
         steps=n,
         ending=_ending(inc, last, state),
         mean_step_seconds=mean,
+        info=dict(inc.start.info),
     )
 
 
