@@ -39,9 +39,9 @@ class GenerateConfig:
     #: Extra matchers on every node agent series (GPU, storage, sentinel, collector health).
     node_selector: str = ""
     #: ``up`` series of training processes scraped directly (not through the node agent).
-    tracker_up_selector: str = 'job="babysitter-train"'
-    #: ``up`` series of node agent targets (one target per host).
-    node_up_selector: str = 'job="babysitter-node"'
+    tracker_up_selector: str = 'job=~"babysitter-train.*"'
+    #: ``up`` series of node agent targets (one per host): the jobs of exporters/prometheus-scrape.yml.
+    node_up_selector: str = 'job=~"babysitter-node.*"'
     #: Where each alert's runbook lives; ``{alert}`` becomes the alert name. Point it at your docs host.
     runbook_url_pattern: str = (
         "https://github.com/babysitter-dev/babysitter/blob/main/docs/runbooks/{alert}.md"
