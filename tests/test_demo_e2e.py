@@ -133,6 +133,15 @@ def test_demo_pages_every_fault_and_reports_the_ledgers_goodput(tmp_path: Path) 
         assert "GpuXidCritical" in text.split("Alerts", 1)[1]
         direct_text = _text(direct.frame())
         assert "demo" in direct_text and "79x1" in direct_text
+        # Killed at +36 s, restarted at +39 s plus its startup: meanwhile top keeps the run, marked.
+        deadline = t0 + 50
+        while True:
+            frame = prom.frame()
+            if any(r.run == "demo" and not r.reporting for r in frame.runs):
+                break
+            assert time.time() < deadline, f"top never showed the killed run: {frame}"
+            time.sleep(0.5)
+        assert "demo (not reporting)" in _text(frame)
         out, _ = proc.communicate(timeout=150)
     finally:
         _kill(proc)

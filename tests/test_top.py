@@ -115,7 +115,10 @@ def test_render_marks_stalled_runs_and_lists_alerts() -> None:
     frame = Frame(
         time=now,
         source="test",
-        runs=(RunRow("r1", 8, 100, 0.41, 0.93, 0.5, 400.0, 60.0, 2),),
+        runs=(
+            RunRow("r1", 8, 100, 0.41, 0.93, 0.5, 400.0, 60.0, 2),
+            RunRow("r0", 0, last_step_age=120.0, reporting=False),
+        ),
         nodes=(NodeRow("n1:9946", 8, ("3",), {"79": 1, "13": 2}, 71.0, 0.95),),
         alerts=(
             AlertRow("TrainingStalled", "firing", "critical", {"run": "r1"}, now - 30, "stalled"),
@@ -131,6 +134,8 @@ def test_render_marks_stalled_runs_and_lists_alerts() -> None:
     assert "7/8" in node_line and "13x2 79x1" in node_line and "GpuDown" in node_line
     assert "GpuXidError" not in node_line, "pending alerts are listed, not put on rows"
     assert "pending" in text
+    gone = next(line for line in text.splitlines() if "r0" in line)
+    assert "r0 (not reporting)" in gone and " 2m " in gone
 
 
 def test_unreachable_prometheus_is_an_error_line_not_a_crash(capsys: pytest.CaptureFixture[str]) -> None:

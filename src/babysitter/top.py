@@ -57,6 +57,8 @@ class RunRow:
     last_step_age: float | None = None
     checkpoint_age: float | None = None
     restarts: int | None = None
+    #: False for a run Prometheus saw within the lookback that exports nothing now (ended or died).
+    reporting: bool = True
 
 
 @dataclass(frozen=True)
@@ -151,12 +153,15 @@ def _finite(value: object) -> float | None:
 class PrometheusSource:
     """Frames from a Prometheus server's HTTP API (``url`` like ``http://127.0.0.1:9090``)."""
 
-    def __init__(self, url: str, *, window: str = "1m", timeout: float = _TIMEOUT) -> None:
+    def __init__(
+        self, url: str, *, window: str = "1m", lookback: str = "15m", timeout: float = _TIMEOUT
+    ) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"--prometheus needs an http(s) URL such as http://127.0.0.1:9090, got {url!r}")
         self.url = url.rstrip("/")
         self.window = window
+        self.lookback = lookback
         self.timeout = timeout
 
     def _query(self, expr: str) -> list[dict[str, Any]]:
@@ -200,19 +205,31 @@ class PrometheusSource:
         last_step = by(f"time() - max by (run) ({T.LAST_STEP_TIMESTAMP.name})", "run")
         ckpt = by(f"time() - max by (run) ({T.CKPT_LAST_SUCCESS.name} > 0)", "run")
         restarts = by(f"max by (run) ({G.RESTARTS.name})", "run")
-        runs = tuple(
-            RunRow(
-                run=run,
-                ranks=int(ranks.get(run, 0)),
-                step=_int(step.get(run)),
-                mfu=mfu.get(run),
-                goodput=goodput.get(run),
-                step_seconds=step_time.get(run),
-                last_step_age=last_step.get(run),
-                checkpoint_age=ckpt.get(run),
-                restarts=_int(restarts.get(run)),
+        # Runs whose series are gone (ended, killed, their node down) stay listed for the lookback.
+        seen = by(
+            f"time() - max by (run) (max_over_time({T.LAST_STEP_TIMESTAMP.name}[{self.lookback}]))", "run"
+        )
+        gone = tuple(
+            RunRow(run=run, ranks=0, last_step_age=age, reporting=False)
+            for run, age in sorted(seen.items())
+            if run not in ranks and run not in goodput
+        )
+        runs = (
+            tuple(
+                RunRow(
+                    run=run,
+                    ranks=int(ranks.get(run, 0)),
+                    step=_int(step.get(run)),
+                    mfu=mfu.get(run),
+                    goodput=goodput.get(run),
+                    step_seconds=step_time.get(run),
+                    last_step_age=last_step.get(run),
+                    checkpoint_age=ckpt.get(run),
+                    restarts=_int(restarts.get(run)),
+                )
+                for run in sorted(set(ranks) | set(goodput))
             )
-            for run in sorted(set(ranks) | set(goodput))
+            + gone
         )
         nodes = self._nodes(errors)
         alerts = self._alerts(errors)
@@ -485,7 +502,7 @@ def render(frame: Frame) -> Any:
     for row in frame.runs:
         stale = row.last_step_age is not None and row.last_step_age > max(30.0, 10 * (row.step_seconds or 0))
         cells: list[Any] = [
-            row.run,
+            row.run if row.reporting else Text(f"{row.run} (not reporting)", style="bold red"),
             str(row.ranks),
             "-" if row.step is None else str(row.step),
             _pct(row.mfu),

@@ -34,6 +34,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     p.add_argument("--window", default="1m", help="rate window for step time with --prometheus (default 1m)")
+    p.add_argument(
+        "--lookback",
+        default="15m",
+        help="with --prometheus, keep listing runs that stopped reporting this long ago (default 15m)",
+    )
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each request (default 5)")
     p.add_argument("--once", action="store_true", help="print one frame and exit (scripts, tests)")
     p.set_defaults(func=run)
@@ -51,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         source: Source = (
-            PrometheusSource(args.prometheus, window=args.window, timeout=args.timeout)
+            PrometheusSource(
+                args.prometheus, window=args.window, lookback=args.lookback, timeout=args.timeout
+            )
             if args.prometheus
             else MetricsSource(args.metrics, timeout=args.timeout)
         )

@@ -85,9 +85,9 @@ class PagerServer:
                     pager._reject(exc)
                     self._answer(400)
                     return
-                self._answer(200)
                 for page in pages:
                     pager._deliver(page)
+                self._answer(200)
 
             def _answer(self, code: int) -> None:
                 self.send_response(code)

@@ -31,9 +31,7 @@ from babysitter.demo.stack import (
     StackError,
     alertmanager_config,
     find_binaries,
-    free_port,
     prometheus_config,
-    wait_ready,
     write_json,
 )
 from babysitter.demo.view import DemoView
@@ -46,6 +44,8 @@ RUN_NAME = "demo"
 CLUSTER = "demo"
 #: Seconds after the scenario's end to wait for the last pages (Prometheus eval + Alertmanager wait).
 PAGE_GRACE = 8.0
+#: Unscripted exits of the training process tolerated before the demo gives up (a broken install).
+_MAX_CRASHES = 3
 
 
 @dataclass(frozen=True)
@@ -179,27 +179,21 @@ class _Demo:
             am_dir = self.workdir / "alertmanager"
             am_dir.mkdir(exist_ok=True)
             config = write_json(am_dir / "alertmanager.yml", alertmanager_config(self.pager.url))
-            port = free_port()
-            am_address = f"127.0.0.1:{port}"
-            proc = self.stack.start(
+            am_bin = self.binaries.alertmanager
+            port = self.stack.start_server(
                 "alertmanager",
-                [
-                    self.binaries.alertmanager,
+                lambda port: [
+                    am_bin,
                     f"--config.file={config}",
                     f"--storage.path={am_dir / 'data'}",
-                    f"--web.listen-address={am_address}",
-                    "--cluster.listen-address=",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--cluster.listen-address=",  # no gossip port: a single instance
                     "--log.level=warn",
                 ],
-            )
-            self.alertmanager_url = f"http://{am_address}"
-            wait_ready(
-                f"{self.alertmanager_url}/-/ready",
-                proc,
                 timeout=30,
-                what="alertmanager",
-                log_path=self.stack.log_path("alertmanager"),
             )
+            am_address = f"127.0.0.1:{port}"
+            self.alertmanager_url = f"http://{am_address}"
         prom_dir = self.workdir / "prometheus"
         prom_dir.mkdir(exist_ok=True)
         self._prom_config = (prom_dir / "prometheus.yml", rule_files, am_address)
@@ -208,26 +202,20 @@ class _Demo:
             prom_dir / "prometheus.yml",
             prometheus_config(agent=None, rule_files=rule_files, alertmanager=am_address, cluster=CLUSTER),
         )
-        port = free_port()
-        proc = self.stack.start(
+        prom_bin = self.binaries.prometheus
+        port = self.stack.start_server(
             "prometheus",
-            [
-                self.binaries.prometheus,
+            lambda port: [
+                prom_bin,
                 f"--config.file={config}",
                 f"--storage.tsdb.path={prom_dir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}",
                 "--web.enable-lifecycle",
                 "--log.level=warn",
             ],
+            timeout=60,
         )
         self.prometheus_url = f"http://127.0.0.1:{port}"
-        wait_ready(
-            f"{self.prometheus_url}/-/ready",
-            proc,
-            timeout=60,
-            what="prometheus",
-            log_path=self.stack.log_path("prometheus"),
-        )
 
     def point_prometheus(self) -> None:
         """Add the node agent as Prometheus' target and reload its configuration."""
@@ -325,6 +313,7 @@ class _Demo:
         todo = list(self.scenario.events)
         timers: list[tuple[float, str, str]] = []  # (due, action, process)
         trainer_down_since: float | None = None
+        crashes = 0
         next_frame = 0.0
         end = self.t0 + self.scenario.duration
         while (now := time.time()) < end:
@@ -346,6 +335,12 @@ class _Demo:
             if not self.stack.alive("trainer") and not expected_down:
                 if trainer_down_since is None:
                     trainer_down_since = now
+                    crashes += 1
+                    if crashes > _MAX_CRASHES:
+                        raise StackError(
+                            f"the training exited {crashes} times on its own; its log ends with:\n"
+                            + self.stack.log_path("trainer").read_text(errors="replace")[-1500:]
+                        )
                     code = self.stack.procs["trainer"].returncode
                     self.say(
                         f"training exited unexpectedly (code {code}); restarting in 5 s; "
@@ -413,7 +408,7 @@ class _Demo:
         self.console.print(table)
         return results
 
-    def report(self, *, final: bool) -> float | None:
+    def report(self) -> float | None:
         from babysitter.cli.report import render_png, render_table
         from babysitter.ledger import summarize
 
@@ -501,7 +496,7 @@ def run_demo(options: DemoOptions, console: Any) -> int:
                 demo.stack.stop("trainer", grace=30)
             demo.wait_for_pages()
             results = demo.fault_table()
-            demo.report(final=not options.keep)
+            demo.report()
             if demo.binaries.missing():
                 demo.say(
                     f"alerts and pages were skipped: {' and '.join(demo.binaries.missing())} missing; "

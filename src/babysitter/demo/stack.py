@@ -22,7 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -199,6 +199,36 @@ class Stack:
         )
         self.procs[name] = proc
         return proc
+
+    def start_server(
+        self,
+        name: str,
+        argv: Callable[[int], Sequence[str]],
+        *,
+        ready_path: str = "/-/ready",
+        timeout: float = 60.0,
+        attempts: int = 3,
+    ) -> int:
+        """Start a server that cannot bind port 0 itself on a free loopback port (``argv(port)``) and
+        wait until ``ready_path`` answers; another port when the one picked was taken meanwhile."""
+        for attempt in range(1, attempts + 1):
+            port = free_port()
+            proc = self.start(name, argv(port))
+            try:
+                wait_ready(
+                    f"http://127.0.0.1:{port}{ready_path}",
+                    proc,
+                    timeout=timeout,
+                    what=name,
+                    log_path=self.log_path(name),
+                )
+                return port
+            except StackError as exc:
+                if attempt == attempts or "address already in use" not in str(exc):
+                    raise
+                log.warning("demo: %s lost its port %d to another process, retrying", name, port)
+                self.stop(name, grace=2)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def alive(self, name: str) -> bool:
         """Whether process ``name`` runs."""
