@@ -52,7 +52,7 @@ NOTIFICATION = {
 
 
 def _post(url: str, body: bytes) -> int:
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})  # noqa: S310 - loopback test URL
     try:
         with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 - loopback test URL
             return int(response.status)
