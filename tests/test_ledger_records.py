@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from babysitter.ledger import completed_checkpoints, read_ledger
+from babysitter.ledger.reader import parse_ledger
 from babysitter.ledger.records import (
     Alive,
     CheckpointBegin,
@@ -75,15 +76,16 @@ def test_truncation_at_every_byte_reads_a_prefix(tmp_path: Path) -> None:
         boundaries.add(pos)
     path = tmp_path / "ledger.jsonl"
     for cut in range(len(data) + 1):
-        path.write_bytes(data[:cut])
-        got = read_ledger(path)
+        got = parse_ledger(data[:cut])
+        if cut % 17 == 0:  # through the file too, now and then (same parser)
+            path.write_bytes(data[:cut])
+            assert read_ledger(path) == got
         complete = max(b for b in boundaries if b <= cut)
         n_complete = sorted(boundaries).index(complete)
         assert got.records == SAMPLE[:n_complete]
         assert got.torn_lines == (0 if cut == complete else 1)
         # A later writer terminates the torn line with a newline and appends: still a clean prefix.
-        path.write_bytes(data[:cut] + (b"" if got.ends_with_newline else b"\n") + encode(Alive(t=1)))
-        again = read_ledger(path)
+        again = parse_ledger(data[:cut] + (b"" if got.ends_with_newline else b"\n") + encode(Alive(t=1)))
         if cut + 1 in boundaries and cut != complete:
             # Only the newline was missing: the terminated line is a whole record again.
             assert again.records == [*SAMPLE[: n_complete + 1], Alive(t=1)]

@@ -24,6 +24,7 @@ __all__ = [
     "CheckpointRecord",
     "LedgerFile",
     "completed_checkpoints",
+    "parse_ledger",
     "read_ledger",
     "read_timeline",
 ]
@@ -99,6 +100,11 @@ def read_ledger(path: Path) -> LedgerFile:
         data = _read_regular(path)
     except FileNotFoundError:
         return LedgerFile()
+    return parse_ledger(data)
+
+
+def parse_ledger(data: bytes) -> LedgerFile:
+    """The records in ledger bytes (what :func:`read_ledger` does after reading the file)."""
     records: list[Record] = []
     out = _parse(data, lambda obj: records.append(decode(obj)))
     out.records = records
