@@ -149,6 +149,8 @@ def test_a_restarted_writer_continues_the_counters(tmp_path: Path, writers: list
     # Steps 2..5 are covered by the checkpoint; 6..10 are held back until something resumes.
     assert got[(G.PRODUCTIVE_SECONDS.name, "")] == 4.0
     assert got[(G.BADPUT_SECONDS.name, "startup")] == 10.0
+    # The gauge counts the uncovered steps (the report's view): 8.5 s of 19 s (the tail is pending).
+    assert got[(G.GOODPUT.name, "")] == pytest.approx(8.5 / 19.0)
     w.incarnation_start(time=T0 + 30, info={})
     w.checkpoint_begin(kind="load", step=5, time=T0 + 31, path=None)
     w.checkpoint_end(kind="load", step=5, time=T0 + 32, ok=True, nbytes=None, path=None)

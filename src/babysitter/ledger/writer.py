@@ -375,8 +375,11 @@ class LedgerWriter:
                 raise _NotLoaded
             with self._state_lock:
                 acc = self._accountant.totals(now=now, live=True, tail="exclude", hold=True)
+                # The gauge is the report's view (steps not yet checkpointed count, as the run goes
+                # on); the counters hold them back so that they never go down at a restart.
+                view = self._accountant.totals(now=now, live=True, tail="exclude")
             goodput = G.GOODPUT.family(names)
-            goodput.add_metric(values, acc.goodput)  # type: ignore[attr-defined]
+            goodput.add_metric(values, view.goodput)  # type: ignore[attr-defined]
             productive = G.PRODUCTIVE_SECONDS.family(names)
             productive.add_metric(values, acc.productive_seconds)  # type: ignore[attr-defined]
             badput = G.BADPUT_SECONDS.family(names)
