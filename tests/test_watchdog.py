@@ -48,7 +48,7 @@ def test_a_run_that_stops_stepping_is_flagged_with_a_stack_dump(tracker: Tracker
     stuck.start()
     assert _wait(lambda: dog.hangs == 1, timeout=5)
     flagged_after = time.monotonic() - started
-    assert 0.3 <= flagged_after < 3.0  # not before the timeout; within a few check intervals after
+    assert 0.3 <= flagged_after < 5.0  # not before the timeout; soon after (slack for a loaded machine)
     dump = dog.last_dump
     assert dump is not None and dump.parent == tmp_path / "dumps"
     text = dump.read_text()

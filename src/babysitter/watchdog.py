@@ -170,9 +170,9 @@ class Watchdog:
         if self._in_hang:
             return False
         self._in_hang = True
-        self.hangs += 1
-        self.tracker.record_hang(age)
         path = self._dump(age, threshold)
+        self.tracker.record_hang(age)
+        self.hangs += 1  # last: whoever sees the count sees the dump and the ledger event too
         cfg = self.tracker.config
         log.warning(
             "babysitter: run %r rank %d: no step for %.0f s (hang threshold %.0f s) at step %d; "
@@ -196,7 +196,7 @@ class Watchdog:
     def _dump(self, age: float, threshold: float) -> Path | None:
         cfg = self.tracker.config
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        name = f"hang-{_safe(cfg.run)}-rank{cfg.rank.rank}-pid{os.getpid()}-{stamp}-{self.hangs}.txt"
+        name = f"hang-{_safe(cfg.run)}-rank{cfg.rank.rank}-pid{os.getpid()}-{stamp}-{self.hangs + 1}.txt"
         try:
             self.dump_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
             path = self.dump_dir / name
