@@ -127,6 +127,8 @@ class _Cache:
     next_gap: int = 0
     fixed: dict[str, int] = field(default_factory=dict)
     pool: _Pool = field(default_factory=_Pool)
+    #: The tail's classification of a finished incarnation: ``(key, fixed, loose, pending)``.
+    rest: tuple[tuple[int, int, str | None], dict[str, int], list[tuple[int, int, int]], int] | None = None
 
 
 class _Sink:
@@ -385,20 +387,18 @@ class Accountant:
                 cache.next_gap = limit
             for cause, us in cache.fixed.items():
                 fixed[cause] = fixed.get(cause, 0) + us
-            # The rest, fresh every time.
-            sink = _Sink(fixed, None)
-            _classify(
-                inc,
-                cache.next_gap,
-                n + 1,
-                lo=-_INF,
-                hi=_INF,
-                stop=stop,
-                tail=tail_cause if not (growing and tail == "exclude") else None,
-                sink=sink,
-            )
-            pending += sink.pending
-            loose_all.append((i, sink.loose, cache.pool))
+            # The rest: fresh every time while the incarnation grows, once when it is finished.
+            rest_tail = tail_cause if not (growing and tail == "exclude") else None
+            key = (stop, cache.next_gap, rest_tail)
+            if growing or cache.rest is None or cache.rest[0] != key:
+                sink = _Sink({}, None)
+                _classify(inc, cache.next_gap, n + 1, lo=-_INF, hi=_INF, stop=stop, tail=rest_tail, sink=sink)
+                cache.rest = (key, sink.fixed, sink.loose, sink.pending)
+            _, rest_fixed, rest_loose, rest_pending = cache.rest
+            for cause, us in rest_fixed.items():
+                fixed[cause] = fixed.get(cause, 0) + us
+            pending += rest_pending
+            loose_all.append((i, rest_loose, cache.pool))
             if i + 1 < len(incs):
                 fixed["downtime"] = fixed.get("downtime", 0) + max(0, incs[i + 1].begin - stop)
             elif not growing and inc.end is None and now_us is not None and now_us > stop:
