@@ -47,7 +47,8 @@ class Accounting:
     horizon_us: int
     productive_us: int
     badput_us: dict[str, int]
-    #: Live only: the unfinished step at the horizon, not counted anywhere yet.
+    #: Counted nowhere yet: a live run's unfinished step (``tail="exclude"``) and, with ``hold``, step
+    #: time no checkpoint covers yet.
     pending_us: int
     restarts: int
     incarnations: int
@@ -336,7 +337,7 @@ class Accountant:
     # -------------------------------------------------------------- totals
 
     def totals(
-        self, *, now: float | None = None, live: bool = False, tail: str = "other", hold: bool = False
+        self, *, now: float | None = None, live: bool = False, tail: TailMode = "other", hold: bool = False
     ) -> Accounting:
         """The whole run up to the horizon.
 
