@@ -115,6 +115,21 @@ def _terminate_as_interrupt() -> Iterator[None]:
                 signal.signal(sig, handler)
 
 
+@contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """Ignore SIGINT, SIGTERM and SIGHUP for the duration (main thread only)."""
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        with suppress(ValueError, OSError):
+            old[sig] = signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            with suppress(ValueError, OSError):
+                signal.signal(sig, handler)
+
+
 class _Demo:
     def __init__(self, options: DemoOptions, console: Any) -> None:
         self.o = options
@@ -517,9 +532,12 @@ def run_demo(options: DemoOptions, console: Any) -> int:
             console.print(f"logs: {demo.stack.logs}", soft_wrap=True, highlight=False)
             code = 1
         finally:
-            if demo.view is not None:
-                demo.view.stop()
-            demo.stack.close()
-            if demo.pager is not None:
-                demo.pager.close()
+            # Cleanup is short and bounded (SIGTERM, then SIGKILL after the grace); a second Ctrl-C
+            # must not cut it short and leave processes behind.
+            with _signals_ignored():
+                if demo.view is not None:
+                    demo.view.stop()
+                demo.stack.close()
+                if demo.pager is not None:
+                    demo.pager.close()
     return code

@@ -268,18 +268,19 @@ class Stack:
         return proc.returncode
 
     def close(self) -> None:
-        """Stop every process, newest first; idempotent, never raises."""
-        if self._closed:
-            return
+        """Stop every process, newest first; never raises. Safe to call again, also after an
+        interruption: a later call (atexit) stops the ones an interrupted call did not reach."""
         self._closed = True
         for name in reversed(list(self.procs)):
             try:
                 self.stop(name)
             except Exception as exc:  # keep stopping the others
                 log.warning("demo: stopping %s failed: %s", name, exc)
+            self.procs.pop(name, None)
         for f in self._files:
             with contextlib.suppress(OSError):
                 f.close()
+        self._files.clear()
         with contextlib.suppress(Exception):
             atexit.unregister(self.close)
 
