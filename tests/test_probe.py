@@ -355,3 +355,65 @@ class TestCollector:
         write_report(report, path)
         os.utime(path, ns=(path.stat().st_mtime_ns + 10**9,) * 2)
         assert scrape(collector).value(P.PROBE_TIMESTAMP.name) == 1234.0
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.skipif(not _cuda(), reason="needs an NVIDIA GPU (runs on a lent GPU machine)")
+class TestOnGpu:
+    """The acceptance checks for real hardware: bf16 matmul and memory bandwidth against the table."""
+
+    def test_bf16_matmul_against_peak(self) -> None:
+        """bf16 matmul reaches a plausible share of the table's dense peak (not above it, not a tenth)."""
+        import torch
+
+        from babysitter.probe.compute import measure_matmul
+
+        name = torch.cuda.get_device_name(0)
+        result = measure_matmul(torch.device("cuda", 0), name=name, n=8192, iterations=20, repeats=3)
+        assert result.dtype == "bf16"
+        if result.peak_flops_per_second is None:
+            pytest.skip(f"{name} is not in the peak table")
+        assert result.peak_ratio is not None
+        assert 0.2 < result.peak_ratio <= 1.0, (name, result)
+
+    def test_memory_and_host_device_bandwidth(self) -> None:
+        """Device memory copies beat 100 GB/s (any datacenter GPU) and pinned PCIe/C2C copies 1 GB/s."""
+        import torch
+
+        from babysitter.probe.memory import measure_host_device, measure_memory
+
+        gpu = torch.device("cuda", 0)
+        mem = measure_memory(gpu, size_bytes=1 << 30, iterations=10, repeats=3)
+        assert mem.bytes_per_second is not None and mem.bytes_per_second > 100e9
+        h2d, d2h = measure_host_device(gpu, size_bytes=256 << 20, iterations=5, repeats=3)
+        assert h2d.bytes_per_second is not None and h2d.bytes_per_second > 1e9
+        assert d2h.bytes_per_second is not None and d2h.bytes_per_second > 1e9
+
+    def test_cli_every_local_gpu(self, tmp_path: Path) -> None:
+        """A single process probes every local GPU in turn and reports each against the table."""
+        import torch
+
+        out = tmp_path / "r.json"
+        argv = [
+            "probe",
+            "--device",
+            "cuda",
+            "--skip",
+            "storage",
+            "--matmul-iterations",
+            "10",
+            "--json",
+            str(out),
+        ]
+        args = build_parser().parse_args(argv)
+        assert args.func(args) == 0
+        data = json.loads(out.read_text())
+        assert len(data["devices"]) == torch.cuda.device_count()
+        assert all(d["matmul"]["dtype"] == "bf16" and not d["errors"] for d in data["devices"])

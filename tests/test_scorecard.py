@@ -28,6 +28,7 @@ from babysitter.scorecard import (
 from babysitter.scorecard.render import format_value, render_png, render_table
 from test_scorecard_helpers import (
     DAY,
+    MODEL,
     SimCluster,
     backfilled_prometheus,
     expected_interruptions,
@@ -56,6 +57,7 @@ BAD = SimCluster(
     probe_busbw=40e9,
     probe_storage_write=2e8,
     probe_lemons=1,
+    other_model_mfu=0.9,
 )
 DAYS = 30
 STEP = 1800.0
@@ -153,10 +155,12 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> object:
         yield url, end, workdir
 
 
-def _card_json(url: str, end: float, tmp_path: Path, *extra: str) -> dict[str, object]:
+def _card_json(
+    url: str, end: float, tmp_path: Path, *extra: str, match: str = f'model="{MODEL}"'
+) -> dict[str, object]:
     out = tmp_path / "card.json"
     argv = ["scorecard", "--prometheus", url, "--window", f"{DAYS}d", "--at", str(end)]
-    argv += ["--rate-window", "2h", "--step", "30m", "--json", str(out), *extra]
+    argv += ["--rate-window", "2h", "--step", "30m", "--json", str(out), "--mfu-match", match, *extra]
     args: argparse.Namespace = build_parser().parse_args(argv)
     assert args.func(args) == 0
     return json.loads(out.read_text())  # type: ignore[no-any-return]
@@ -168,7 +172,9 @@ class TestBackfilledClusters:
     def test_ranks_good_cluster_first(self, backfilled: tuple[str, float, Path], tmp_path: Path) -> None:
         """The faster, more reliable cluster ranks first and wins every column."""
         url, end, _ = backfilled
-        card = _card_json(url, end, tmp_path, "--png", str(tmp_path / "card.png"))
+        card = _card_json(
+            url, end, tmp_path, "--mfu-match", f'model="{MODEL}"', "--png", str(tmp_path / "card.png")
+        )
         clusters = card["clusters"]
         assert isinstance(clusters, list)
         assert [c["cluster"] for c in clusters] == [GOOD.name, BAD.name]
@@ -206,6 +212,14 @@ class TestBackfilledClusters:
             assert got["probe_busbw_bytes_per_second"] == pytest.approx(sim.probe_busbw)
             assert got["probe_storage_write_bytes_per_second"] == pytest.approx(sim.probe_storage_write)
 
+    def test_mfu_needs_the_model_match(self, backfilled: tuple[str, float, Path], tmp_path: Path) -> None:
+        """Without --mfu-match, a run of another model enters MFU: the median over runs moves."""
+        url, end, _ = backfilled
+        card = _card_json(url, end, tmp_path, match="")
+        bad = next(c for c in card["clusters"] if c["cluster"] == BAD.name)  # type: ignore[union-attr]
+        assert bad["mfu"] == pytest.approx((BAD.mfu + 0.9) / 2, rel=1e-3)
+        assert card["mfu_match"] == ""
+
     def test_group_by_other_label_and_empty(
         self, backfilled: tuple[str, float, Path], tmp_path: Path
     ) -> None:
@@ -221,7 +235,7 @@ class TestBackfilledClusters:
         """The default output is a table with both clusters, best first, and Xid rates by action."""
         url, end, _ = backfilled
         argv = ["scorecard", "--prometheus", url, "--window", "30d", "--at", str(end)]
-        argv += ["--rate-window", "2h", "--step", "30m"]
+        argv += ["--rate-window", "2h", "--step", "30m", "--mfu-match", f'model="{MODEL}"']
         args = build_parser().parse_args(argv)
         assert args.func(args) == 0
         out = capsys.readouterr().out

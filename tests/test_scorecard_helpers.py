@@ -28,10 +28,11 @@ from babysitter.catalog import storage as S
 from babysitter.catalog import train as T
 from promkit import PROMETHEUS, PROMTOOL, free_port, require_binary
 
-__all__ = ["DAY", "SimCluster", "backfilled_prometheus", "openmetrics_days"]
+__all__ = ["DAY", "MODEL", "SimCluster", "backfilled_prometheus", "openmetrics_days"]
 
 DAY = 86400
 PEAK = 1e15
+MODEL = "llama3-8b"
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class SimCluster:
     probe_busbw: float = 100e9
     probe_storage_write: float = 1e9
     probe_lemons: int = 0
+    other_model_mfu: float | None = None
     ranks: int = 4
     hosts: tuple[str, ...] = ("h0", "h1")
     gpus_per_host: int = 2
@@ -75,10 +77,16 @@ def _cluster_lines(c: SimCluster, start: float, end: float, step: float) -> list
     lines: list[tuple[float, str]] = []
     run = f"run-{c.name}"
     for rank in range(c.ranks):
-        base = {"cluster": c.name, "run": run, "rank": str(rank)}
+        base = {"cluster": c.name, "run": run, "rank": str(rank), "model": MODEL}
         lines += _series(T.MODEL_FLOPS.name, base, [(t, c.mfu * PEAK * (t - start)) for t in times])
         lines += _series(T.PEAK_FLOPS.name, base, [(t, PEAK) for t in times])
         lines += _series(T.STEPS.name, base, [(t, (t - start) // 2) for t in times])
+    if c.other_model_mfu is not None:  # a run of another model: must not enter a model-matched MFU
+        other = {"cluster": c.name, "run": f"{run}-other", "rank": "0", "model": "tiny-100m"}
+        lines += _series(
+            T.MODEL_FLOPS.name, other, [(t, c.other_model_mfu * PEAK * (t - start)) for t in times]
+        )
+        lines += _series(T.PEAK_FLOPS.name, other, [(t, PEAK) for t in times])
     base = {"cluster": c.name, "run": run, "rank": "0"}
     lines += _series(G.PRODUCTIVE_SECONDS.name, base, [(t, c.goodput * (t - start)) for t in times])
     for cause, share in (("downtime", 0.6), ("lost_progress", 0.4)):

@@ -9,6 +9,7 @@ the CPU) and skips the collective.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -167,7 +168,9 @@ def _probe_device(
             _mark_skipped(result, section)
             continue
         try:
-            step()
+            # CUDA events and copies run on the current device's stream: make it this device's.
+            with torch.cuda.device(device) if cuda else contextlib.nullcontext():
+                step()
         except Exception as exc:  # one failed measurement must not lose the others
             log.warning("babysitter probe: %s on %s failed: %s", section, gpu, exc)
             result.errors.append(f"{section}: {type(exc).__name__}: {exc}"[:500])

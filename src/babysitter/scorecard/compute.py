@@ -105,6 +105,7 @@ class Scorecard:
     at: float
     clusters: list[ClusterScore]
     queries: dict[str, str] = field(default_factory=dict)
+    mfu_match: str = ""
 
     def best(self, key: str) -> str | None:
         """The cluster with the best value of a column, None when no cluster has one."""
@@ -123,6 +124,7 @@ class Scorecard:
             "at": self.at,
             "clusters": [c.to_dict() for c in self.clusters],
             "best": {m.key: self.best(m.key) for m in METRICS},
+            "mfu_match": self.mfu_match,
             "queries": self.queries,
         }
 
@@ -197,7 +199,9 @@ def build_scorecard(client: PromClient, queries: QuerySet, *, at: float | None =
     ordered = sorted(clusters.values(), key=_rank_key)
     for i, c in enumerate(ordered, start=1):
         c.rank = i
-    return Scorecard(by=label, window=queries.window, at=when, clusters=ordered, queries=exprs)
+    return Scorecard(
+        by=label, window=queries.window, at=when, clusters=ordered, queries=exprs, mfu_match=queries.mfu_match
+    )
 
 
 __all__ += ["PromError"]

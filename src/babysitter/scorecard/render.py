@@ -79,6 +79,10 @@ def render_table(card: Scorecard, stream: Any = None) -> None:
             for name, cell in zip(names, cells, strict=True)
         ]
         table.add_row(label, *styled)
+    if card.mfu_match:
+        table.caption = f"MFU of runs matching {card.mfu_match}"
+    else:
+        table.caption = "MFU over all runs: pass --mfu-match to compare one model config"
     Console(file=stream, width=max(100, 40 + 22 * len(names))).print(table)
 
 
