@@ -185,7 +185,8 @@ def summarize(
         incarnations=rows,
         timeline=timeline,
         accountant=accountant,
-        torn_lines=ledger.torn_lines,
+        # A live writer may be mid-append: its unterminated last line is in flight, not torn.
+        torn_lines=ledger.torn_lines - (1 if state == "running" and not ledger.ends_with_newline else 0),
         invalid_lines=ledger.invalid_lines,
         checkpoints_ok=len(ok),
         checkpoints_failed=sum(1 for c in saves if c.ok is False),
