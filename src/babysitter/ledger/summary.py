@@ -186,7 +186,7 @@ def summarize(
         timeline=timeline,
         accountant=accountant,
         # A live writer may be mid-append: its unterminated last line is in flight, not torn.
-        torn_lines=ledger.torn_lines - (1 if state == "running" and not ledger.ends_with_newline else 0),
+        torn_lines=max(0, ledger.torn_lines - (state == "running" and not ledger.ends_with_newline)),
         invalid_lines=ledger.invalid_lines,
         checkpoints_ok=len(ok),
         checkpoints_failed=sum(1 for c in saves if c.ok is False),
