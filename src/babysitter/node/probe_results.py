@@ -5,7 +5,7 @@ never sees half a file). At each scrape this collector reads the ``probe-*.json`
 directory, newest first, at most :data:`MAX_FILES` of at most :data:`MAX_FILE_BYTES` each, and turns
 them into the catalog's ``probe_*`` families. Reads are cached by (mtime, size), so an unchanged file
 is parsed once. A file that is not a probe report is skipped as a whole, counted in
-``probe_results_invalid_files`` and logged once per version of the file; it never fails the scrape.
+``PROBE_RESULTS_INVALID`` and logged once per version of the file; it never fails the scrape.
 A missing directory is not an error (no probe has run yet): the collector serves nothing but the count.
 """
 

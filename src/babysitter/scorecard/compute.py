@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from babysitter.catalog import node as N
 from babysitter.scorecard.prom import PromClient, PromError, Sample, finite
 from babysitter.scorecard.queries import QuerySet
 
@@ -194,7 +195,9 @@ def build_scorecard(client: PromClient, queries: QuerySet, *, at: float | None =
             }
         elif c.xid_by_action:
             log.warning(
-                "cluster %s: Xid errors but no GPU-hours (no gpu_up series): rate not computed", c.cluster
+                "cluster %s: Xid errors but no GPU-hours (no %s series): rate not computed",
+                c.cluster,
+                N.GPU_UP.name,
             )
     ordered = sorted(clusters.values(), key=_rank_key)
     for i, c in enumerate(ordered, start=1):
