@@ -261,6 +261,11 @@ def main() -> None:
         f"| babysitter | {hf_cb * 1e6:.0f} | {(hf_cb - hf_base) * 1e6:+.0f} | {hf_rounds[True]} |",
         "",
     ]
+    lines += [
+        "End-to-end rounds on a shared machine vary far more than any callback costs; the hooks-alone "
+        "table is the cost, end to end is a sanity check.",
+        "",
+    ]
     text = "\n".join(lines)
     print(text)
     if args.out:
