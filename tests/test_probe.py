@@ -99,6 +99,13 @@ class TestLemons:
         lemons = find_lemons([], storage, 0.2)
         assert [(x.host, x.check) for x in lemons] == [("n2", "storage_write")]
 
+    def test_node_allreduce(self) -> None:
+        """A node whose intra-node all-reduce is slow is a node lemon; nodes of other sizes are not peers."""
+        nodes = [_node_coll(f"n{i}", 300e9) for i in range(4)] + [_node_coll("n9", 100e9, ranks=4)]
+        nodes[1].busbw_bytes_per_second = 150e9
+        nodes.append(CollectiveResult(host="n5", skipped="one rank on this host"))
+        assert [(x.host, x.check) for x in find_lemons([], [], 0.1, nodes)] == [("n1", "allreduce")]
+
     def test_memory_checked_too(self) -> None:
         """Memory bandwidth is its own check: a GPU with slow HBM is flagged for memory only."""
         devices = [_device("n0", str(g), 700e12) for g in range(4)]
@@ -106,7 +113,14 @@ class TestLemons:
         assert [(x.gpu, x.check) for x in find_lemons(devices, [], 0.1)] == [("0", "memory")]
 
 
+def _node_coll(host: str, busbw: float, ranks: int = 2) -> CollectiveResult:
+    return CollectiveResult(
+        host=host, backend="nccl", world_size=ranks, bytes=4, iterations=1, busbw_bytes_per_second=busbw
+    )
+
+
 def _report() -> ProbeReport:
+    nodes = [_node_coll("n0", 300e9), _node_coll("n1", 310e9)]
     devices = [_device("n0", "0", 700e12), _device("n0", "1", 300e12), _device("n1", "0", 710e12)]
     devices[1].errors.append("memory: boom")
     storage = [
@@ -129,8 +143,9 @@ def _report() -> ProbeReport:
             algbw_bytes_per_second=4.0,
             busbw_bytes_per_second=bus_bandwidth(4.0, 3),
         ),
+        node_collectives=nodes,
         storage=storage,
-        lemons=find_lemons(devices, storage, 0.1),
+        lemons=find_lemons(devices, storage, 0.1, nodes),
     )
 
 
@@ -322,10 +337,22 @@ class TestCollector:
         assert s.value(P.PROBE_ALLREDUCE_BUS_BANDWIDTH.name, backend="nccl", world_size="3") == pytest.approx(
             bus_bandwidth(4.0, 3)
         )
+        assert s.value(P.PROBE_NODE_ALLREDUCE_BUS_BANDWIDTH.name, world_size="2") == 300e9
+        assert s.value(P.PROBE_NODE_LEMON.name, check="allreduce") == 0
         assert s.value(P.PROBE_TIMESTAMP.name) == 2.0
         assert s.value(P.PROBE_RESULTS_INVALID.name) == 0
         names = {spec.name for spec in P.METRICS} - {P.PROBE_HOST_DEVICE_BANDWIDTH.name}
         assert names <= s.names()
+
+    def test_series_bounded_per_file(self, tmp_path: Path) -> None:
+        """A file with far more devices than a host has cannot blow up the series count."""
+        from babysitter.node.probe_results import MAX_DEVICES
+
+        report = _report()
+        report.devices = [_device("n0", str(i), 700e12) for i in range(500)]
+        report.lemons = []
+        write_report(report, tmp_path / host_file_name("n0"))
+        assert len(scrape(ProbeResultsCollector(tmp_path)).find(P.PROBE_MATMUL_FLOPS.name)) == MAX_DEVICES
 
     def test_invalid_file_counted_not_fatal(self, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
         """A broken file is skipped and counted (logged once), the good one is still served."""

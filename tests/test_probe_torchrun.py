@@ -51,6 +51,10 @@ def test_slowed_rank_is_a_lemon(tmp_path: Path) -> None:
     assert coll["busbw_bytes_per_second"] == pytest.approx(bus_bandwidth(coll["algbw_bytes_per_second"], 3))
     assert coll["busbw_bytes_per_second"] > 0
 
+    nodes = report["node_collectives"]  # one host: its 3 ranks all-reduce among themselves
+    assert [(n["world_size"], n["skipped"]) for n in nodes] == [(3, "")]
+    assert nodes[0]["busbw_bytes_per_second"] > 0
+
     assert len(report["storage"]) == 1  # local rank 0 only: one writer per host
     assert report["storage"][0]["error"] == ""
     assert list(ckpt.iterdir()) == []
@@ -62,3 +66,4 @@ def test_slowed_rank_is_a_lemon(tmp_path: Path) -> None:
     assert s.value(P.PROBE_DEVICE_LEMON.name, gpu="cpu0", check="matmul") == 0
     assert s.value(P.PROBE_DEVICE_LEMON.name, gpu="cpu2", check="matmul") == 0
     assert s.value(P.PROBE_ALLREDUCE_BUS_BANDWIDTH.name, backend="gloo", world_size="3") > 0
+    assert s.value(P.PROBE_NODE_ALLREDUCE_BUS_BANDWIDTH.name, backend="gloo", world_size="3") > 0

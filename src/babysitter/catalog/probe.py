@@ -24,6 +24,7 @@ __all__ = [
     "PROBE_MATMUL_FLOPS",
     "PROBE_MATMUL_PEAK",
     "PROBE_MEMORY_BANDWIDTH",
+    "PROBE_NODE_ALLREDUCE_BUS_BANDWIDTH",
     "PROBE_NODE_LEMON",
     "PROBE_RESULTS_INVALID",
     "PROBE_STORAGE_FSYNC",
@@ -37,7 +38,7 @@ DEVICE_LABELS = ("gpu", "model")
 #: Per-device measurements a device is compared on against the fleet median.
 DEVICE_CHECKS = ("matmul", "memory", "host_to_device", "device_to_host")
 #: Per-node measurements a node is compared on against the fleet median.
-NODE_CHECKS = ("matmul", "storage_write", "storage_read")
+NODE_CHECKS = ("matmul", "allreduce", "storage_write", "storage_read")
 
 
 def _device(name: str, unit: str, help_: str, labels: tuple[str, ...] = ()) -> MetricSpec:
@@ -72,6 +73,14 @@ PROBE_ALLREDUCE_BUS_BANDWIDTH = MetricSpec(
     "gauge",
     "bytes",
     "All-reduce bus bandwidth of the last probe's job, as NCCL-tests define it: algbw x 2(n-1)/n.",
+    labels=("backend", "world_size"),
+    source="probe",
+)
+PROBE_NODE_ALLREDUCE_BUS_BANDWIDTH = MetricSpec(
+    "probe_node_allreduce_bus_bandwidth_bytes_per_second",
+    "gauge",
+    "bytes",
+    "All-reduce bus bandwidth among this node's ranks in the last probe (NVLink/NVSwitch on GPU nodes).",
     labels=("backend", "world_size"),
     source="probe",
 )
@@ -134,6 +143,7 @@ METRICS: tuple[MetricSpec, ...] = (
     PROBE_MEMORY_BANDWIDTH,
     PROBE_HOST_DEVICE_BANDWIDTH,
     PROBE_ALLREDUCE_BUS_BANDWIDTH,
+    PROBE_NODE_ALLREDUCE_BUS_BANDWIDTH,
     PROBE_STORAGE_WRITE_BANDWIDTH,
     PROBE_STORAGE_READ_BANDWIDTH,
     PROBE_STORAGE_FSYNC,

@@ -22,12 +22,16 @@ from babysitter.catalog import probe as P
 from babysitter.labels import sanitize_value
 from babysitter.probe.results import ProbeReport, read_report
 
-__all__ = ["MAX_FILES", "MAX_FILE_BYTES", "ProbeResultsCollector", "families"]
+__all__ = ["MAX_DEVICES", "MAX_FILES", "MAX_FILE_BYTES", "MAX_PATHS", "ProbeResultsCollector", "families"]
 
 log = logging.getLogger(__name__)
 
 MAX_FILES = 16
 MAX_FILE_BYTES = 4 * 1024 * 1024
+#: Per file: a host has at most a few dozen devices and checkpoint paths; more is a file that is not
+#: one host's results (a whole job's report, or garbage) and must not blow up the series count.
+MAX_DEVICES = 64
+MAX_PATHS = 16
 
 _Key = tuple[int, int]  # (mtime_ns, size)
 
@@ -118,7 +122,7 @@ def families(reports: Iterable[ProbeReport]) -> list[Metric]:
     for report in reports:
         add(P.PROBE_TIMESTAMP.name, [], report.finished)
         device_lemons = {(x.host, x.gpu, x.check) for x in report.lemons if x.scope == "device"}
-        for d in report.devices:
+        for d in report.devices[:MAX_DEVICES]:
             ids = [_label(d.gpu), _label(d.name)]
             m = d.matmul
             if not m.skipped and m.dtype:
@@ -138,7 +142,14 @@ def families(reports: Iterable[ProbeReport]) -> list[Metric]:
                 [_label(c.backend), str(c.world_size)],
                 c.busbw_bytes_per_second,
             )
-        for s in report.storage:
+        for n in report.node_collectives[:1]:  # this host's
+            if not n.skipped:
+                add(
+                    P.PROBE_NODE_ALLREDUCE_BUS_BANDWIDTH.name,
+                    [_label(n.backend), str(n.world_size)],
+                    n.busbw_bytes_per_second,
+                )
+        for s in report.storage[:MAX_PATHS]:
             path = _label(s.path)
             add(P.PROBE_STORAGE_WRITE_BANDWIDTH.name, [path], s.write_bytes_per_second)
             add(P.PROBE_STORAGE_READ_BANDWIDTH.name, [path], s.read_bytes_per_second)
@@ -147,6 +158,8 @@ def families(reports: Iterable[ProbeReport]) -> list[Metric]:
         measured = set()
         if any(d.matmul.flops_per_second for d in report.devices):
             measured.add("matmul")
+        if any(not n.skipped and n.busbw_bytes_per_second for n in report.node_collectives):
+            measured.add("allreduce")
         if any(s.write_bytes_per_second for s in report.storage):
             measured.add("storage_write")
         if any(s.read_bytes_per_second for s in report.storage):

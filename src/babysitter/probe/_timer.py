@@ -15,14 +15,19 @@ __all__ = ["best_batch_seconds"]
 
 
 def best_batch_seconds(
-    device: Any, work: Callable[[], object], *, iterations: int, repeats: int, warmup: int = 1
+    device: Any, work: Callable[[], object], *, iterations: int, repeats: int, warmup: int | None = None
 ) -> float:
-    """Seconds of the fastest of ``repeats`` batches of ``iterations`` calls of ``work`` on ``device``."""
+    """Seconds of the fastest of ``repeats`` batches of ``iterations`` calls of ``work`` on ``device``.
+
+    ``warmup`` calls run first, untimed (default: one call on a CPU, a whole batch on a GPU, whose
+    clocks and cuBLAS heuristics need a moment to settle)."""
     import torch
 
     if iterations < 1 or repeats < 1:
         raise ValueError("iterations and repeats must be at least 1")
     cuda = getattr(device, "type", "") == "cuda"
+    if warmup is None:
+        warmup = iterations if cuda else 1
     for _ in range(max(0, warmup)):
         work()
     if cuda:

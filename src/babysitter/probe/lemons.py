@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from babysitter.catalog.probe import DEVICE_CHECKS
-from babysitter.probe.results import DeviceResult, Lemon, StorageResult
+from babysitter.probe.results import CollectiveResult, DeviceResult, Lemon, StorageResult
 
 __all__ = ["DEFAULT_FRACTION", "find_lemons", "flag_below_median"]
 
@@ -87,8 +87,31 @@ def _node_storage(storage: Sequence[StorageResult], fraction: float) -> list[Lem
     return lemons
 
 
+def _node_allreduce(collectives: Sequence[CollectiveResult], fraction: float) -> list[Lemon]:
+    """Nodes compared by their intra-node all-reduce busbw, among nodes with as many ranks."""
+    by_size: dict[int, list[CollectiveResult]] = defaultdict(list)
+    for c in collectives:
+        if c.host and not c.skipped and c.busbw_bytes_per_second:
+            by_size[c.world_size].append(c)
+    lemons: list[Lemon] = []
+    for group in by_size.values():
+        values = [c.busbw_bytes_per_second or 0.0 for c in group]
+        median, flagged = flag_below_median(values, fraction)
+        for i in flagged:
+            lemons.append(Lemon("node", group[i].host, "", "allreduce", values[i], median, len(group)))
+    return lemons
+
+
 def find_lemons(
-    devices: Sequence[DeviceResult], storage: Sequence[StorageResult], fraction: float = DEFAULT_FRACTION
+    devices: Sequence[DeviceResult],
+    storage: Sequence[StorageResult],
+    fraction: float = DEFAULT_FRACTION,
+    node_collectives: Sequence[CollectiveResult] = (),
 ) -> list[Lemon]:
     """Every device and node check more than ``fraction`` below its peers' median."""
-    return [*_devices(devices, fraction), *_node_matmul(devices, fraction), *_node_storage(storage, fraction)]
+    return [
+        *_devices(devices, fraction),
+        *_node_matmul(devices, fraction),
+        *_node_allreduce(node_collectives, fraction),
+        *_node_storage(storage, fraction),
+    ]

@@ -95,8 +95,10 @@ class DeviceResult:
 
 @dataclass
 class CollectiveResult:
-    """All-reduce bandwidth of the whole job, as NCCL-tests define ``algbw`` and ``busbw``."""
+    """All-reduce bandwidth of the whole job (``host`` empty) or among one host's ranks, as NCCL-tests
+    define ``algbw`` and ``busbw``."""
 
+    host: str = ""
     backend: str = ""
     world_size: int = 0
     bytes: int = 0
@@ -163,6 +165,7 @@ class ProbeReport:
     lemon_fraction: float
     devices: list[DeviceResult] = field(default_factory=list)
     collective: CollectiveResult = field(default_factory=CollectiveResult)
+    node_collectives: list[CollectiveResult] = field(default_factory=list)
     storage: list[StorageResult] = field(default_factory=list)
     lemons: list[Lemon] = field(default_factory=list)
     schema: str = SCHEMA
@@ -184,6 +187,7 @@ class ProbeReport:
             lemon_fraction=self.lemon_fraction,
             devices=[d for d in self.devices if d.host == host],
             collective=self.collective,
+            node_collectives=[c for c in self.node_collectives if c.host == host],
             storage=[s for s in self.storage if s.host == host],
             lemons=[lemon for lemon in self.lemons if lemon.host == host],
         )
@@ -217,6 +221,9 @@ class ProbeReport:
                 lemon_fraction=_number(data["lemon_fraction"]),
                 devices=[_device(d) for d in _list(data.get("devices", []))],
                 collective=_record(CollectiveResult, data.get("collective", {})),
+                node_collectives=[
+                    _record(CollectiveResult, c) for c in _list(data.get("node_collectives", []))
+                ],
                 storage=[_record(StorageResult, s) for s in _list(data.get("storage", []))],
                 lemons=[_record(Lemon, x) for x in _list(data.get("lemons", []))],
             )
@@ -364,6 +371,12 @@ def render_table(report: ProbeReport, stream: Any = None) -> None:
         if not c.skipped
         else f"all-reduce: skipped ({c.skipped})"
     )
+    for n in report.node_collectives:
+        coll += (
+            f"\n  within {n.host} ({n.world_size} ranks): busbw {_si(n.busbw_bytes_per_second, 'B/s')}"
+            if not n.skipped
+            else f"\n  within {n.host}: skipped ({n.skipped})"
+        )
     storage = [
         [
             s.host,

@@ -257,8 +257,12 @@ def run_probe(cfg: ProbeConfig) -> ProbeReport:
             for i, device in enumerate(devices)
         ]
         collective = CollectiveResult(skipped="skipped (--skip)")
+        node_collective: list[CollectiveResult] = []
         if "collective" not in cfg.skip:
             collective = _collective(devices[0], sizes)
+            if distributed:
+                node = _node_collective(devices[0], sizes, host)
+                node_collective = [node] if info.local_rank == 0 else []
         storage: list[StorageResult] = []
         if "storage" not in cfg.skip and cfg.storage_paths:
             if distributed:
@@ -271,9 +275,10 @@ def run_probe(cfg: ProbeConfig) -> ProbeReport:
                 ]
         if distributed:
             gathered: list[Any] = [None] * world
-            torch.distributed.all_gather_object(gathered, (results, storage))
+            torch.distributed.all_gather_object(gathered, (results, storage, node_collective))
             results = [d for part in gathered for d in part[0]]
             storage = [s for part in gathered for s in part[1]]
+            node_collective = [c for part in gathered for c in part[2]]
     finally:
         if distributed:
             import torch.distributed as dist
@@ -288,8 +293,9 @@ def run_probe(cfg: ProbeConfig) -> ProbeReport:
         lemon_fraction=cfg.lemon_fraction,
         devices=results,
         collective=collective,
+        node_collectives=node_collective,
         storage=storage,
-        lemons=find_lemons(results, storage, cfg.lemon_fraction),
+        lemons=find_lemons(results, storage, cfg.lemon_fraction, node_collective),
     )
     if cfg.results_dir is not None and (info.local_rank == 0 or not distributed):
         try:
@@ -309,3 +315,15 @@ def _collective(device: Any, sizes: Sizes) -> CollectiveResult:
     except Exception as exc:
         log.warning("babysitter probe: all-reduce failed: %s", exc)
         return CollectiveResult(skipped=f"failed: {type(exc).__name__}: {exc}"[:500])
+
+
+def _node_collective(device: Any, sizes: Sizes, host: str) -> CollectiveResult:
+    from babysitter.probe.collective import measure_intra_node
+
+    try:
+        return measure_intra_node(
+            device, host=host, size_bytes=sizes.collective_bytes, iterations=sizes.collective_iterations
+        )
+    except Exception as exc:
+        log.warning("babysitter probe: intra-node all-reduce failed: %s", exc)
+        return CollectiveResult(host=host, skipped=f"failed: {type(exc).__name__}: {exc}"[:500])
