@@ -529,3 +529,13 @@ class TestExtensionPoints:
         assert _sample(tracker, "ext_test_gauge") == 7.0
         assert tracker.errors.counts()["housekeeping_hook"] == 1
         assert tracker.errors.counts()["metrics_source"] >= 1
+
+
+def test_data_wait_from_a_callback(make_tracker: Any) -> None:
+    """Callbacks that cannot wrap the loader add their measured wait; bad values are skipped and counted."""
+    tracker = make_tracker()
+    tracker.add_data_wait(0.25)
+    tracker.add_data_wait(-1.0)
+    tracker.add_data_wait(float("nan"))  # NaN fails the >= 0 check
+    assert tracker.snapshot().data_wait_seconds == pytest.approx(0.25)
+    assert tracker.rejected.counts() == {"data_wait_invalid": 2}

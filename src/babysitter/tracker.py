@@ -259,6 +259,14 @@ class Tracker:
             self._data_wait_ns += _perf_ns() - t0
             yield item
 
+    def add_data_wait(self, seconds: float) -> None:
+        """Add input-pipeline wait measured elsewhere (a framework callback that cannot wrap the
+        loader). Never raises; a negative or non-float value is skipped and counted."""
+        if seconds.__class__ is float and seconds >= 0.0:
+            self._data_wait_ns += int(seconds * 1e9)
+        else:
+            self.rejected.record("data_wait_invalid", f"seconds={seconds!r}")
+
     # ------------------------------------------------------------ slow paths
 
     def _add_slow(self, what: str, value: object) -> None:
