@@ -67,3 +67,63 @@ def test_slowed_rank_is_a_lemon(tmp_path: Path) -> None:
     assert s.value(P.PROBE_DEVICE_LEMON.name, gpu="cpu2", check="matmul") == 0
     assert s.value(P.PROBE_ALLREDUCE_BUS_BANDWIDTH.name, backend="gloo", world_size="3") > 0
     assert s.value(P.PROBE_NODE_ALLREDUCE_BUS_BANDWIDTH.name, backend="gloo", world_size="3") > 0
+
+
+def test_two_nodes_slow_node_is_a_lemon(tmp_path: Path) -> None:
+    """Two simulated nodes (two torchrun agents on this machine, static rendezvous, ``--host``), two
+    ranks each; node 1's ranks are slowed: node 1 is the matmul node lemon, each node all-reduces
+    within itself, each node's local rank 0 measures storage and writes its own host file."""
+    from promkit import free_port
+
+    ckpt, results, out = tmp_path / "ckpt", tmp_path / "results", tmp_path / "report.json"
+    ckpt.mkdir()
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2"]
+        argv += ["--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port)]
+        argv += ["-m", "babysitter", "probe", "--device", "cpu", "--host", f"sim-node{node}"]
+        argv += ["--lemon-fraction", "0.5", "--matmul-n", "96", "--matmul-iterations", "4", "--repeats", "2"]
+        argv += ["--memory-bytes", "262144", "--collective-bytes", "65536", "--collective-iterations", "3"]
+        argv += ["--storage-path", str(ckpt), "--storage-bytes", "262144", "--results-dir", str(results)]
+        argv += ["--test-slow-rank", "2", "--test-slow-rank", "3", "--test-slow-delay", "0.05"]
+        argv += ["--json", str(out), "--timeout", "120"]
+        procs.append(
+            subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+        )
+    try:
+        outputs = [proc.communicate(timeout=240)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    assert [proc.returncode for proc in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    report = json.loads(out.read_text())
+
+    assert [(d["host"], d["rank"]) for d in report["devices"]] == [
+        ("sim-node0", 0),
+        ("sim-node0", 1),
+        ("sim-node1", 2),
+        ("sim-node1", 3),
+    ]
+    node_lemons = [(x["host"], x["check"]) for x in report["lemons"] if x["scope"] == "node"]
+    assert ("sim-node1", "matmul") in node_lemons
+    assert all(host == "sim-node1" for host, _ in node_lemons if _ == "matmul")
+    device_matmul = sorted(
+        x["gpu"] + "@" + x["host"]
+        for x in report["lemons"]
+        if x["check"] == "matmul" and x["scope"] == "device"
+    )
+    assert device_matmul == ["cpu0@sim-node1", "cpu1@sim-node1"]
+    assert report["collective"]["world_size"] == 4
+    assert sorted((n["host"], n["world_size"]) for n in report["node_collectives"]) == [
+        ("sim-node0", 2),
+        ("sim-node1", 2),
+    ]
+    assert sorted(s["host"] for s in report["storage"]) == ["sim-node0", "sim-node1"]
+
+    assert sorted(p.name for p in results.iterdir()) == ["probe-sim-node0.json", "probe-sim-node1.json"]
+    node1 = json.loads((results / "probe-sim-node1.json").read_text())
+    assert {d["host"] for d in node1["devices"]} == {"sim-node1"}
+    assert list(ckpt.iterdir()) == []

@@ -72,7 +72,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="collective setup/op timeout in seconds")
     for name, help_ in _SIZES:
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=int, default=None, help=help_)
-    p.add_argument("--test-slow-rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--host",
+        default=None,
+        metavar="NAME",
+        help="name to report this host as (default: its hostname; e.g. the node name in Kubernetes)",
+    )
+    p.add_argument("--test-slow-rank", type=int, action="append", default=[], help=argparse.SUPPRESS)
     p.add_argument("--test-slow-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
@@ -92,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
             skip=frozenset(s.strip() for s in args.skip.split(",") if s.strip()),
             results_dir=args.results_dir,
             timeout_seconds=args.timeout,
-            slow_rank=args.test_slow_rank,
+            host=args.host,
+            slow_ranks=frozenset(args.test_slow_rank),
             slow_delay_seconds=args.test_slow_delay,
         )
         for path in config.storage_paths:

@@ -76,8 +76,11 @@ class ProbeConfig:
     skip: frozenset[str] = frozenset()
     results_dir: Path | None = None
     timeout_seconds: float = 600.0
-    #: Test knob: sleep this long after every matmul on global rank ``slow_rank`` (makes a lemon).
-    slow_rank: int | None = None
+    #: The name this host is reported as (default: its hostname); e.g. the node's name in Kubernetes,
+    #: where the hostname is the pod's.
+    host: str | None = None
+    #: Test knob: sleep this long after every matmul on these global ranks (makes lemons).
+    slow_ranks: frozenset[int] = frozenset()
     slow_delay_seconds: float = 0.0
 
     def __post_init__(self) -> None:
@@ -94,6 +97,8 @@ class ProbeConfig:
                 raise ValueError(f"{key} must be positive, got {value}")
         if not 0.0 < self.lemon_fraction < 1.0:
             raise ValueError(f"lemon fraction must be in (0, 1), got {self.lemon_fraction}")
+        if self.host is not None and not self.host.strip():
+            raise ValueError("the host name must not be empty")
         if self.slow_delay_seconds < 0:
             raise ValueError("the slow-rank delay must not be negative")
 
@@ -131,7 +136,7 @@ def _probe_device(
     name = torch.cuda.get_device_name(device) if cuda else _cpu_name()
     gpu = str(device.index if device.index is not None else local_rank) if cuda else f"cpu{local_rank}"
     result = DeviceResult(host=host, rank=rank, local_rank=local_rank, gpu=gpu, name=name)
-    delay = cfg.slow_delay_seconds if cfg.slow_rank == rank else 0.0
+    delay = cfg.slow_delay_seconds if rank in cfg.slow_ranks else 0.0
     steps: list[tuple[str, Any]] = [
         (
             "matmul",
@@ -224,7 +229,7 @@ def run_probe(cfg: ProbeConfig) -> ProbeReport:
     world = int(env.get("WORLD_SIZE", "1") or 1)
     distributed = world > 1
     info = detect_rank()
-    host = _host()
+    host = cfg.host.strip()[:128] if cfg.host else _host()
     started = time.time()
     if distributed:
         import torch.distributed as dist
