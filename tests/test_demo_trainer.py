@@ -1,0 +1,91 @@
+"""The demo's training process on its own: checkpoints, resume after SIGKILL (lost progress), the slow
+save and the hang it plays, a clean stop on SIGTERM, all as the goodput ledger records them."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from babysitter.ledger import summarize
+
+pytestmark = pytest.mark.slow
+
+
+def _trainer(
+    tmp_path: Path, t0: float, events: list[dict[str, object]], *extra: str
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "babysitter.demo.trainer",
+            "--run-dir", str(tmp_path / "run"), "--registry-dir", str(tmp_path / "reg"),
+            "--run", "t", "--t0", repr(t0), "--events", json.dumps(events),
+            "--pace", "0.05", "--checkpoint-interval", "3", "--hang-after", "2", *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _wait_checkpoints(ckpt: Path, count: int, timeout: float = 60) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        names = sorted(p.name for p in ckpt.glob("step-*.pt")) if ckpt.exists() else []
+        if len(names) >= count:
+            return names
+        assert time.monotonic() < deadline, f"only {names}"
+        time.sleep(0.1)
+
+
+def test_kill_resume_slow_save_hang_and_clean_stop(tmp_path: Path) -> None:
+    t0 = time.time()
+    ckpt = tmp_path / "run" / "checkpoints"
+    first = _trainer(tmp_path, t0, [])
+    try:
+        before = _wait_checkpoints(ckpt, 1)
+        _wait_checkpoints(ckpt, len(before) + 1)  # a save just landed; the next is 3 s away
+        time.sleep(1.2)  # steps after the newest checkpoint: they will be lost
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    newest = int(sorted(ckpt.glob("step-*.pt"))[-1].name[5:13])
+    restarted_at = time.time() - t0
+    events = [
+        {"at": 0.0, "event": "hang", "seconds": 50},  # before this incarnation started: not replayed
+        {"at": restarted_at + 6, "event": "slow_checkpoint", "seconds": 2},
+        {"at": restarted_at + 9, "event": "hang", "seconds": 4},
+    ]
+    second = _trainer(tmp_path, t0, events)
+    try:
+        deadline = time.monotonic() + 60
+        while time.time() - t0 < restarted_at + 16:
+            assert second.poll() is None, "the restarted trainer died"
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=30) == 0
+    finally:
+        if second.poll() is None:
+            second.kill()
+            second.wait()
+    summary = summarize(tmp_path / "run")
+    assert summary.state == "ended"
+    assert [i.ending for i in summary.incarnations] == ["killed", "clean"]
+    assert summary.incarnations[1].resumed_from == newest
+    bad = summary.totals.badput_seconds
+    assert bad["lost_progress"] > 0.5
+    assert bad["checkpoint_save"] >= 2.0
+    assert 3.0 < bad["hang"] < 10.0, "the 4 s hang, not the 50 s one from before the restart"
+    assert bad["downtime"] > 0
+    assert len(list(ckpt.glob("step-*.pt"))) == 3, "the newest three checkpoints kept"
+    assert not list(ckpt.glob(".*.tmp")), "no half-written checkpoint left"
+    peak = json.loads((tmp_path / "run" / "demo-peak.json").read_text())["peak_flops"]
+    assert peak > 1e8, "a calibrated CPU matmul rate, reused by the restart"
