@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "probe",
         help="qualify an allocation: matmul vs peak, memory, host-device, all-reduce, storage; lemons",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description=__doc__.split("\n\n")[0].replace("``", "") if __doc__ else None,
     )
     p.add_argument(
         "--device", choices=("auto", "cuda", "cpu"), default="auto", help="default: cuda if present"

@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "scorecard",
         help="clusters side by side from Prometheus: MFU, goodput, interruptions, Xid, checkpoint, storage",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description=__doc__.split("\n\n")[0].replace("``", "") if __doc__ else None,
     )
     p.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus (or Thanos/Mimir) base URL")
     p.add_argument("--window", default="30d", help="time range to score, a Prometheus duration (default 30d)")
