@@ -57,6 +57,10 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
         self._last_global_step: int | None = None
         self._trainer: Any = None
         self._batch_t0 = 0.0
+        # End of the previous training batch: the gap to the next batch's start is mostly the
+        # loader (fetch + collate + host-to-device copy). Cleared across validation and saves,
+        # which have their own accounting.
+        self._gap_t0 = 0.0
         self._host_timed = False
 
     @property
@@ -91,6 +95,10 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
             self._start(trainer, pl_module, seq_len)
         self.core.micro_batch(tokens, samples)
         self._batch_t0 = time.perf_counter()
+        tracker = self.core.tracker
+        if self._gap_t0 and tracker is not None:
+            tracker.add_data_wait(max(0.0, self._batch_t0 - self._gap_t0))
+        self._gap_t0 = 0.0
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         # Forward time is this rank's own work (DDP's all-reduce runs in backward): the straggler
@@ -102,6 +110,7 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        self._gap_t0 = time.perf_counter()
         step = int(trainer.global_step)
         if step == self._last_global_step:
             return  # a micro-batch of gradient accumulation, or a skipped optimizer step
@@ -113,6 +122,7 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
     # ------------------------------------------------------------------ evaluation
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._gap_t0 = 0.0
         if getattr(trainer.state, "fn", None) == "fit":  # validation inside fit, not trainer.validate()
             self.core.phase_begin("eval")
 
@@ -136,6 +146,7 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
                 ok = True
             finally:
                 core.save_end(filepath if ok else None, ok=ok)
+                self._gap_t0 = 0.0
 
         save_checkpoint._babysitter = True  # type: ignore[attr-defined]
         trainer.save_checkpoint = save_checkpoint
