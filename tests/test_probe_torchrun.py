@@ -32,7 +32,7 @@ def test_slowed_rank_is_a_lemon(tmp_path: Path) -> None:
     ckpt.mkdir()
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
     argv += ["-m", "babysitter", "probe", "--device", "cpu", "--lemon-fraction", "0.5"]
-    argv += ["--matmul-n", "128", "--matmul-iterations", "4", "--repeats", "3"]
+    argv += ["--matmul-n", "128", "--matmul-iterations", "4", "--repeats", "5"]
     argv += ["--memory-bytes", "1048576", "--collective-bytes", "262144", "--collective-iterations", "5"]
     argv += ["--storage-path", str(ckpt), "--storage-bytes", "1048576", "--results-dir", str(results)]
     argv += ["--test-slow-rank", "1", "--test-slow-delay", "0.05", "--json", str(out)]
