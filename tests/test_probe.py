@@ -279,6 +279,18 @@ class TestDeviceMeasurements:
         assert bus_bandwidth(10.0, 1) == 0.0
 
 
+class TestGpuLabel:
+    @pytest.mark.parametrize(
+        ("visible", "index", "label"),
+        [("", 1, "1"), ("4,5", 1, "5"), ("4, 5", 0, "4"), ("GPU-abc,GPU-def", 1, "1"), ("3", 2, "2")],
+    )
+    def test_physical_index(self, visible: str, index: int, label: str) -> None:
+        """The gpu label is the index the node agent uses, through CUDA_VISIBLE_DEVICES when numeric."""
+        from babysitter.probe.runner import physical_gpu_label
+
+        assert physical_gpu_label(index, {"CUDA_VISIBLE_DEVICES": visible}) == label
+
+
 class TestConfig:
     @pytest.mark.parametrize(
         ("kwargs", "match"),

@@ -17,7 +17,7 @@ import os
 import platform
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from babysitter.probe.results import (
     write_report,
 )
 
-__all__ = ["SECTIONS", "ProbeConfig", "Sizes", "run_probe"]
+__all__ = ["SECTIONS", "ProbeConfig", "Sizes", "physical_gpu_label", "run_probe"]
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def _probe_device(
 
     cuda = device.type == "cuda"
     name = torch.cuda.get_device_name(device) if cuda else _cpu_name()
-    gpu = str(device.index if device.index is not None else local_rank) if cuda else f"cpu{local_rank}"
+    gpu = physical_gpu_label(device.index or 0) if cuda else f"cpu{local_rank}"
     result = DeviceResult(host=host, rank=rank, local_rank=local_rank, gpu=gpu, name=name)
     delay = cfg.slow_delay_seconds if rank in cfg.slow_ranks else 0.0
     steps: list[tuple[str, Any]] = [
@@ -183,6 +183,17 @@ def _probe_device(
             if cuda:
                 torch.cuda.empty_cache()
     return result
+
+
+def physical_gpu_label(index: int, environ: Mapping[str, str] | None = None) -> str:
+    """The GPU's index as NVML and the node agent number it (``gpu`` label), not torch's visible index:
+    with ``CUDA_VISIBLE_DEVICES=4,5`` torch's device 1 is GPU 5. UUIDs or MIG names in the variable
+    leave torch's index (the JSON has no better answer without NVML)."""
+    env = os.environ if environ is None else environ
+    visible = [part.strip() for part in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
+    if visible and all(part.isdigit() for part in visible) and index < len(visible):
+        return visible[index]
+    return str(index)
 
 
 def _host_device(result: DeviceResult, device: Any, sizes: Sizes) -> None:
