@@ -49,3 +49,32 @@ def test_exposition_passes_promtool_lint(tmp_path: Path) -> None:
         if "probe_" in line
     ]
     assert problems == []
+
+
+def test_node_agent_cli_serves_probe_results(tmp_path: Path) -> None:
+    """`babysitter node-agent --probe-results-dir DIR` serves the probe families (once the agent wires
+    the collector in; skipped before)."""
+    import sys
+    import urllib.request
+
+    from babysitter.node.config import COLLECTORS
+    from node_helpers import parse_exposition, read_port_file
+
+    if "probe" not in COLLECTORS:
+        pytest.skip("the node agent does not register the probe collector yet")
+    results = tmp_path / "results"
+    write_report(_report().for_host("n0"), results / host_file_name("n0"))
+    argv = [sys.executable, "-m", "babysitter", "node-agent", "--simulate", "1", "--kmsg-path", ""]
+    argv += ["--port", "0", "--port-file", str(tmp_path / "addr"), "--registry-dir", str(tmp_path / "reg")]
+    argv += ["--probe-results-dir", str(results)]
+    with (tmp_path / "agent.log").open("wb") as log:
+        agent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            address = read_port_file(tmp_path / "addr", timeout=30)
+            with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+                scrape = parse_exposition(response.read().decode())
+        finally:
+            agent.terminate()
+            agent.wait(timeout=10)
+    assert scrape.value(P.PROBE_DEVICE_LEMON.name, gpu="1", check="matmul") == 1
+    assert scrape.value(N.COLLECTOR_SUCCESS.name, collector="probe") == 1
