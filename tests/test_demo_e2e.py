@@ -22,9 +22,9 @@ from babysitter.top import Frame, MetricsSource, PrometheusSource, render
 from promkit import ALERTMANAGER, PROMETHEUS, require_binary
 
 # Faults well after startup (the first checkpoints must exist before the slow one), a hang long
-# enough for the fast profile's 15 s stall threshold, 80 s in all.
+# enough for the fast profile's 15 s stall threshold, 80 s in all (the test passes --duration 80).
 SCENARIO = {
-    "duration": 80,
+    "duration": 600,  # cut to 80 s by --duration
     "gpus": 8,
     "events": [
         {"at": 22, "event": "slow_checkpoint", "seconds": 5},
@@ -109,7 +109,7 @@ def _kill(proc: subprocess.Popen[str]) -> None:
 def test_demo_pages_every_fault_and_reports_the_ledgers_goodput(tmp_path: Path) -> None:
     require_binary(PROMETHEUS, "prometheus")
     require_binary(ALERTMANAGER, "alertmanager")
-    proc, workdir = _start(tmp_path, "--strict")
+    proc, workdir = _start(tmp_path, "--strict", "--duration", "80")
     try:
         stack = _stack(workdir, proc)
         t0 = float(stack["t0"])
@@ -187,9 +187,10 @@ def test_demo_pages_every_fault_and_reports_the_ledgers_goodput(tmp_path: Path) 
 def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
     require_binary(PROMETHEUS, "prometheus")
     require_binary(ALERTMANAGER, "alertmanager")
-    proc, workdir = _start(tmp_path)
+    proc, workdir = _start(tmp_path, "--duration", "80")
     try:
         stack = _stack(workdir, proc)
+        assert stack["duration"] == 80
         assert set(stack["pids"]) == {"alertmanager", "prometheus", "node-agent", "trainer"}
         time.sleep(3)
         proc.send_signal(signal.SIGINT)
