@@ -271,7 +271,10 @@ class LiveStack:
             for path in (self.storage, *self.extra_storage):
                 argv += ["--storage-path", str(path)]
             argv += ["--storage-interval", "1", "--storage-size", "4096"]
+            # The trainers save every few seconds; verify enough of them that a deleted one stays
+            # checked until the test has seen the page (a real job keeps its last few, saved hours apart).
             argv += ["--checkpoint-run-dir", str(self.run_dir), "--checkpoint-interval", "1"]
+            argv += ["--checkpoint-keep-last", "100"]
             self.agent = subprocess.Popen(argv, stdout=self._log("agent.log"), stderr=subprocess.STDOUT)
             for rank in range(self.ranks):
                 env = {
@@ -332,6 +335,19 @@ class LiveStack:
                 proc.wait(timeout=5)
         for handle in self._logs:
             handle.close()
+
+    def newest_checkpoint(self, timeout: float = 30.0) -> Path:
+        """Rank 0's newest checkpoint file (the sentinel verifies only the newest few of a run)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            saved = list(self.run_dir.glob("ckpt-*-rank0.pt"))
+            if saved:
+                return max(saved, key=lambda path: int(path.name.split("-")[1]))
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no checkpoint saved in {timeout} s: {self.log_tail('trainer0.log')}")
+            time.sleep(0.5)
 
     def log_tail(self, name: str, chars: int = 2000) -> str:
         """The end of one of the stack's logs (agent.log, trainer0.log, prometheus.log)."""
