@@ -339,6 +339,10 @@ class Tracker:
     def _checkpoint_begin(self, handle: CheckpointHandle) -> None:
         self._active_pauses += 1
         try:
+            # Hand the ledger every step up to this checkpoint before the checkpoint itself, so a
+            # crash right after the save cannot leave those steps unrecorded (checkpoints are rare
+            # and slow: folding here costs nothing that matters).
+            self.fold()
             self._events.checkpoint_begin(
                 kind=handle.kind,  # type: ignore[arg-type]
                 step=handle.step,
@@ -389,6 +393,7 @@ class Tracker:
     def _phase_begin(self, name: str) -> None:
         self._active_pauses += 1
         try:
+            self.fold()
             self._events.phase_begin(name=name, time=time.time())
         except Exception as exc:
             self.errors.record("ledger", exc)
