@@ -293,36 +293,54 @@ def _training(cfg: GenerateConfig, r: Records) -> list[Alert]:
     straggler = Alert(
         name="TrainingStragglerRank",
         expr=(
-            f"{r.rank_step_ratio} > {cfg.straggler_ratio:g}\n"
-            f"and {on_run}\ncount {run} ({r.rank_step_mean}) >= 2"
+            f"(\n  {r.rank_step_ratio} > {cfg.straggler_ratio:g}\n"
+            f"  and {on_run}\n  count {run} ({r.rank_step_mean}) >= 2\n)\n"
+            # The in-process score compares each rank's own work time, which lockstep collectives
+            # hide from step time; it exists only where the run turned the exchange on.
+            f"or\nmax {by((*r.run_key, 'rank'))} ({select(R.STRAGGLER_SCORE, ts)}) > {cfg.straggler_ratio:g}"
         ),
         severity="warning",
         component="training",
         summary=f"Rank {_l('rank')} of run {_l('run')} steps {_V}x slower than the median rank.",
         description=(
-            f"Rank {_l('rank')} of run {_l('run')} on cluster {_l(c)} has a mean step time {_V} times the "
-            f"median rank's over {cfg.rate_window}. Find its host on the Stragglers dashboard and check "
-            f"that node's GPUs (throttling, Xid), NICs and data loader."
+            f"Rank {_l('rank')} of run {_l('run')} on cluster {_l(c)} is {_V} times slower than the median "
+            f"rank over {cfg.rate_window} (mean step time, or its own work time where the run reports "
+            f"straggler scores). Find its host on the Stragglers dashboard and check that node's GPUs "
+            f"(throttling, Xid), NICs and data loader."
         ),
         for_=cfg.straggler_for,
         test=AlertTest(
-            series=tuple(
-                item
-                for rank, per_step in (("0", 60), ("1", 60), ("2", 90))
-                for item in (
-                    (_series(T.STEP_DURATION, _with(_TRAIN, rank=rank), "_sum"), f"0+{per_step}x40"),
-                    (_series(T.STEP_DURATION, _with(_TRAIN, rank=rank), "_count"), "0+60x40"),
-                )
+            series=(
+                *(
+                    item
+                    for rank, per_step in (("0", 60), ("1", 60), ("2", 90))
+                    for item in (
+                        (_series(T.STEP_DURATION, _with(_TRAIN, rank=rank), "_sum"), f"0+{per_step}x40"),
+                        (_series(T.STEP_DURATION, _with(_TRAIN, rank=rank), "_count"), "0+60x40"),
+                    )
+                ),
+                # Lockstep run r2: equal step times, but rank 1's own work is 1.4x the median.
+                (_series(R.STRAGGLER_SCORE, _with(_TRAIN, run="r2", rank="0")), "1+0x40"),
+                (_series(R.STRAGGLER_SCORE, _with(_TRAIN, run="r2", rank="1")), "1.4+0x40"),
+                (_series(R.STRAGGLER_SCORE, _with(_TRAIN, run="r3", rank="0")), "1.1+0x40"),
             ),
             quiet=(("10m", "before for:"),),
             fire_at="20m",
-            fire_labels=(_with(_run_labels(), rank="2"),),
+            fire_labels=(_with(_run_labels(), rank="2"), _with(_run_labels("r2"), rank="1")),
             fire_text=(
                 (
                     "Rank 2 of run r1 steps 1.5x slower than the median rank.",
-                    "Rank 2 of run r1 on cluster c1 has a mean step time 1.5 times the median rank's over "
-                    "5m. Find its host on the Stragglers dashboard and check that node's GPUs (throttling, "
-                    "Xid), NICs and data loader.",
+                    "Rank 2 of run r1 on cluster c1 is 1.5 times slower than the median rank over 5m "
+                    "(mean step time, or its own work time where the run reports straggler scores). Find "
+                    "its host on the Stragglers dashboard and check that node's GPUs (throttling, Xid), "
+                    "NICs and data loader.",
+                ),
+                (
+                    "Rank 1 of run r2 steps 1.4x slower than the median rank.",
+                    "Rank 1 of run r2 on cluster c1 is 1.4 times slower than the median rank over 5m "
+                    "(mean step time, or its own work time where the run reports straggler scores). Find "
+                    "its host on the Stragglers dashboard and check that node's GPUs (throttling, Xid), "
+                    "NICs and data loader.",
                 ),
             ),
         ),
@@ -475,7 +493,8 @@ def _checkpoint(cfg: GenerateConfig, r: Records) -> list[Alert]:
     slow = Alert(
         name="CheckpointSaveSlow",
         expr=(
-            f"max {run} (\n  rate({save_sum}[{sw}])\n  /\n  rate({save_count}[{sw}])\n)"
+            # "> 0" keeps a restart (the histogram starting over) from dividing by a zero rate.
+            f"max {run} (\n  rate({save_sum}[{sw}])\n  /\n  (rate({save_count}[{sw}]) > 0)\n)"
             f" > {cfg.checkpoint_save_slow_seconds:g}"
         ),
         severity="warning",
