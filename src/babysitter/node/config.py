@@ -51,6 +51,7 @@ COLLECTORS: dict[str, str] = {
     "sentinel": "checkpoint sentinel over each --checkpoint-run-dir (on when dirs are given)",
     "trainers": "metrics of the training processes registered on this host (on by default)",
     "jobs": "which batch job holds each GPU, from --gpu-job-dir (on when the directory is given)",
+    "probe": "results of babysitter probe from --probe-results-dir (on when the directory is given)",
 }
 GPU_BACKENDS = ("auto", "nvml", "dcgm", "none")
 
@@ -86,6 +87,7 @@ class AgentConfig:
     checkpoint_interval: float = 30.0
     collector_timeout: float = 10.0
     gpu_job_dir: Path | None = None
+    probe_results_dir: Path | None = None
     collectors: dict[str, bool] = field(default_factory=dict)
 
     @property
@@ -108,6 +110,8 @@ class AgentConfig:
             return bool(self.checkpoint_run_dir)
         if name == "jobs":
             return self.gpu_job_dir is not None
+        if name == "probe":
+            return self.probe_results_dir is not None
         if name == "gpu":
             return self.gpu_backend != "none"
         return True
@@ -137,6 +141,7 @@ _HELP: dict[str, str] = {
     "checkpoint_interval": "seconds between checkpoint sentinel passes (default 30)",
     "collector_timeout": "seconds one collector may take before it is reported failed (default 10)",
     "gpu_job_dir": "per-GPU job id files written by a Slurm prolog (dcgm-exporter's hpc-job-mapping format)",
+    "probe_results_dir": "directory where 'babysitter probe --results-dir' writes this host's results",
 }
 
 
@@ -159,6 +164,7 @@ _METAVAR = {
     "checkpoint_run_dir": "DIR",
     "checkpoint_keep_last": "K",
     "gpu_job_dir": "DIR",
+    "probe_results_dir": "DIR",
 }
 
 
@@ -369,5 +375,7 @@ def _validate(c: AgentConfig) -> None:
         raise ConfigError("the jobs collector needs --gpu-job-dir")
     if c.collectors.get("sentinel") and not c.checkpoint_run_dir:
         raise ConfigError("the sentinel collector needs at least one --checkpoint-run-dir")
+    if c.collectors.get("probe") and c.probe_results_dir is None:
+        raise ConfigError("the probe collector needs --probe-results-dir")
     if c.collectors.get("gpu") and c.gpu_backend == "none" and not c.simulate:
         raise ConfigError("--collector.gpu contradicts --gpu-backend none")

@@ -118,6 +118,17 @@ def build(config: AgentConfig) -> Running:
                 collectors.append(sentinel)
         if config.enabled("jobs") and config.gpu_job_dir is not None:
             collectors.append(GpuJobsCollector(config.gpu_job_dir, gpus=identities))
+        if config.enabled("probe") and config.probe_results_dir is not None:
+            results_dir = config.probe_results_dir
+            probe = _optional(
+                "babysitter.node.probe_results",
+                "ProbeResultsCollector",
+                config,
+                "probe",
+                lambda cls: cls(results_dir),
+            )
+            if probe is not None:
+                collectors.append(probe)
         if config.enabled("trainers"):
             ca = str(config.trainer_ca_file) if config.trainer_ca_file else None
             collectors.append(
