@@ -125,10 +125,7 @@ def list_endpoints(directory: Path, *, prune: bool = False) -> list[Endpoint]:
 
 def _read(path: Path) -> Endpoint | None:
     try:
-        with path.open("rb") as fh:
-            raw = fh.read(_MAX_FILE_BYTES + 1)
-        if len(raw) > _MAX_FILE_BYTES:
-            raise ValueError("file too large")
+        raw = _read_regular_file(path)
         data = json.loads(raw)
         if data.get("schema") != _SCHEMA:
             raise ValueError(f"unknown schema {data.get('schema')!r}")
@@ -149,6 +146,24 @@ def _read(path: Path) -> Endpoint | None:
         log.warning("babysitter: skipping registration %s: %s is not a loopback URL", path, endpoint.url)
         return None
     return endpoint
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """Read a small regular file without following links or blocking.
+
+    The directory is shared by every user of the host and the agent may run as root: a link to a
+    secret, or a FIFO that would block the agent forever, must be refused, not read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        raw = os.read(fd, _MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > _MAX_FILE_BYTES:
+        raise ValueError("file too large")
+    return raw
 
 
 def _is_loopback_url(url: str) -> bool:
