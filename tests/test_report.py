@@ -139,3 +139,17 @@ def test_a_live_run_reports_running_up_to_now(tmp_path: Path, capsys: pytest.Cap
         writer.close(time=time.time(), clean=True)
     assert main(["report", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "ended"
+
+
+def test_timeline_lines_break_across_long_gaps() -> None:
+    """A hang between two points shows as a gap in the step-time line, not a slope."""
+    import math
+
+    from babysitter.cli.report import _broken
+
+    xs, ys = _broken([0.0, 1.0, 2.0, 3.0, 30.0, 31.0], [1.0, 1.0, 1.0, 1.0, 27.0, 1.0])
+    assert xs == [0.0, 1.0, 2.0, 3.0, 16.5, 30.0, 31.0]
+    assert math.isnan(ys[4])
+    assert ys[:4] == [1.0] * 4
+    assert ys[5:] == [27.0, 1.0]
+    assert _broken([0.0, 1.0, 2.0], [1.0, 2.0, 3.0]) == ([0.0, 1.0, 2.0], [1.0, 2.0, 3.0])

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -250,17 +251,13 @@ def render_png(summary: RunSummary, path: Path, *, now: float | None = None) -> 
             if not points:
                 continue
             marker = "." if total_points < 300 else None
-            ax_s.plot(
-                [x(p.time) for p in points],
-                [p.step_seconds for p in points],
-                lw=0.8,
-                color="#1f77b4",
-                marker=marker,
-            )
+            xs, ys = _broken([x(p.time) for p in points], [p.step_seconds for p in points])
+            ax_s.plot(xs, ys, lw=0.8, color="#1f77b4", marker=marker)
             mfu = [(x(p.time), p.mfu) for p in points if p.mfu is not None]
             if mfu:
                 any_mfu = True
-                ax_m.plot([a for a, _ in mfu], [b for _, b in mfu], lw=0.8, color="#d62728", marker=marker)
+                xs, ys = _broken([a for a, _ in mfu], [b for _, b in mfu])
+                ax_m.plot(xs, ys, lw=0.8, color="#d62728", marker=marker)
         ax_s.set_ylabel("step time (s)")
         ax_m.set_ylabel("MFU")
         if not any_mfu:
@@ -272,3 +269,20 @@ def render_png(summary: RunSummary, path: Path, *, now: float | None = None) -> 
         fig.savefig(path, dpi=100)
     finally:
         plt.close(fig)
+
+
+def _broken(xs: list[float], ys: list[float]) -> tuple[list[float], list[float]]:
+    """Break the line (a NaN point) where consecutive points are far apart in time — a hang, a stall,
+    a long save — so the plot shows a gap rather than a slope that no step ever had."""
+    if len(xs) < 3:
+        return xs, ys
+    gaps = sorted(b - a for a, b in pairwise(xs))
+    limit = 5 * gaps[len(gaps) // 2]
+    out_x, out_y = [xs[0]], [ys[0]]
+    for a, b, y in zip(xs, xs[1:], ys[1:], strict=False):
+        if limit > 0 and b - a > limit:
+            out_x.append((a + b) / 2)
+            out_y.append(float("nan"))
+        out_x.append(b)
+        out_y.append(y)
+    return out_x, out_y
