@@ -31,7 +31,8 @@ class TestAlertMetadata:
         annotations = rule["annotations"]
         assert set(annotations) == {"summary", "description", "runbook_url"}
         assert "{{ $value" in annotations["description"] or "{{ $labels." in annotations["description"]
-        assert annotations["runbook_url"].endswith(f"/docs/runbooks/{rule['alert']}.md")
+        assert annotations["runbook_url"].endswith(f"docs/runbooks/{rule['alert']}.md")
+        assert (REPO / annotations["runbook_url"]).is_file()  # the default pattern is the repo path
 
     def test_every_alert_has_a_firing_and_a_quiet_case(self) -> None:
         """The promtool test of each alert expects it firing once and silent at least once."""

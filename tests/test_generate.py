@@ -216,3 +216,29 @@ def test_dashboards_json_is_sorted_and_stable() -> None:
     for rel, text in render(GenerateConfig()).items():
         if rel.endswith(".json"):
             assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
+
+
+def test_runbook_url_pattern_from_the_command_line(tmp_path: Path) -> None:
+    """--runbook-url-pattern puts the team's docs host into every alert; a pattern without {alert} is refused."""
+    from babysitter.cli import main
+
+    assert (
+        main(
+            [
+                "generate",
+                "--out",
+                str(tmp_path),
+                "--runbook-url-pattern",
+                "https://docs.example.org/rb/{alert}",
+            ]
+        )
+        == 0
+    )
+    groups = yaml.safe_load((tmp_path / "alerts" / "babysitter-alerts.yaml").read_text())["groups"]
+    urls = {r["alert"]: r["annotations"]["runbook_url"] for g in groups for r in g["rules"]}
+    assert urls["TrainingStalled"] == "https://docs.example.org/rb/TrainingStalled"
+    assert all(url == f"https://docs.example.org/rb/{name}" for name, url in urls.items())
+    assert (
+        main(["generate", "--out", str(tmp_path), "--runbook-url-pattern", "https://docs.example.org/rb"])
+        == 2
+    )

@@ -42,6 +42,12 @@ def register(subparsers: Any) -> None:
         choices=("default", "fast"),
         help="'fast' shrinks windows and for: durations for end-to-end tests and demos (no promtool tests)",
     )
+    parser.add_argument(
+        "--runbook-url-pattern",
+        default=None,
+        metavar="PATTERN",
+        help="runbook link of every alert, {alert} standing for its name (default: docs/runbooks/{alert}.md)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -50,7 +56,16 @@ def run(args: argparse.Namespace) -> int:
     from babysitter.generate import check, profile, render, write
 
     out: Path = args.out if args.out is not None else _default_out()
-    files = render(profile(args.profile))
+    config = profile(args.profile)
+    if args.runbook_url_pattern is not None:
+        import dataclasses
+
+        try:
+            config = dataclasses.replace(config, runbook_url_pattern=args.runbook_url_pattern)
+        except ValueError as exc:
+            log.error("babysitter generate: %s", exc)
+            return 2
+    files = render(config)
     if args.check:
         stale = check(out, files)
         if not stale:

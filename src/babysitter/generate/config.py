@@ -42,10 +42,10 @@ class GenerateConfig:
     tracker_up_selector: str = 'job=~"babysitter-train.*"'
     #: ``up`` series of node agent targets (one per host): the jobs of exporters/prometheus-scrape.yml.
     node_up_selector: str = 'job=~"babysitter-node.*"'
-    #: Where each alert's runbook lives; ``{alert}`` becomes the alert name. Point it at your docs host.
-    runbook_url_pattern: str = (
-        "https://github.com/babysitter-dev/babysitter/blob/main/docs/runbooks/{alert}.md"
-    )
+    #: Where each alert's runbook lives; ``{alert}`` becomes the alert name. The default is the path in
+    #: this repository; point it at where your team reads docs (``babysitter generate
+    #: --runbook-url-pattern https://git.example.org/ml/babysitter/-/blob/main/docs/runbooks/{alert}.md``).
+    runbook_url_pattern: str = "docs/runbooks/{alert}.md"
 
     # --- aggregation windows ----------------------------------------------------------------------
     #: Window of the rates the dashboards and recording rules use; at least 4 scrape intervals.
