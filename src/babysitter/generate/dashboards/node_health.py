@@ -31,46 +31,11 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
     items: list[Panel | Row] = [
         Row("Overview"),
         Panel("GPUs up", (Target(f"sum({select(N.GPU_UP, g)})"),), kind="stat", width=4, height=5),
-        Panel(
-            "GPUs down",
-            (Target(f"count({select(N.GPU_UP, g)} == 0) or vector(0)"),),
-            kind="stat",
-            width=4,
-            height=5,
-            red_above=0.5,
-        ),
-        Panel(
-            "Xid errors in range",
-            (Target(f"sum {new_or_increased(xids, rng)} or vector(0)"),),
-            kind="stat",
-            width=4,
-            height=5,
-            red_above=0.5,
-        ),
-        Panel(
-            "Uncorrectable ECC in range",
-            (Target(f"sum {new_or_increased(uncorrected, rng)} or vector(0)"),),
-            kind="stat",
-            width=4,
-            height=5,
-            red_above=0.5,
-        ),
-        Panel(
-            "GPUs throttled now",
-            (Target(f"count(max by (instance, gpu) ({throttling}) > 0) or vector(0)"),),
-            kind="stat",
-            width=4,
-            height=5,
-            red_above=0.5,
-        ),
-        Panel(
-            "Collectors failing",
-            (Target(f"count({select(N.COLLECTOR_SUCCESS, h)} == 0) or vector(0)"),),
-            kind="stat",
-            width=4,
-            height=5,
-            red_above=0.5,
-        ),
+        _alarm("GPUs down", f"count({select(N.GPU_UP, g)} == 0) or vector(0)"),
+        _alarm("Xid errors in range", f"sum {new_or_increased(xids, rng)} or vector(0)"),
+        _alarm("Uncorrectable ECC in range", f"sum {new_or_increased(uncorrected, rng)} or vector(0)"),
+        _alarm("GPUs throttled now", f"count(max by (instance, gpu) ({throttling}) > 0) or vector(0)"),
+        _alarm("Collectors failing", f"count({select(N.COLLECTOR_SUCCESS, h)} == 0) or vector(0)"),
         Row("Errors"),
         Panel(
             "Xid events by code and action",
@@ -260,3 +225,8 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
         variables=node_variables(cfg),
         items=tuple(items),
     )
+
+
+def _alarm(title: str, expr: str) -> Panel:
+    """An overview tile that counts trouble: 0 is fine, anything above turns it red."""
+    return Panel(title, (Target(expr),), kind="stat", width=4, height=5, red_above=0.5)
