@@ -96,6 +96,16 @@ class TestMath:
             tracker.step()
         assert tracker.snapshot().tokens_per_second == pytest.approx(2000.0)
 
+    def test_long_windows_hold_every_step_in_them(self, make_tracker: Any, clock: FakeClock) -> None:
+        """A 120 s window over 9000 steps covers all of them (no silent cap on steps per window)."""
+        tracker = make_tracker(tokens_per_step=1000, flops_per_token=1.0, mfu_window=120.0)
+        for seconds, count in ((0.02, 3000), (0.01, 6000)):
+            for _ in range(count):
+                clock.advance(seconds)
+                tracker.step()
+        # From the first boundary (t = 0.02 s) to the last (t = 120 s): 8999 steps of 1000 tokens.
+        assert tracker.snapshot().tokens_per_second == pytest.approx(8999 * 1000 / 119.98)
+
     def test_stall_pulls_mfu_down(self, make_tracker: Any, clock: FakeClock) -> None:
         """No step for much longer than usual: the window extends to now, so MFU falls."""
         tracker = make_tracker(tokens_per_step=1000, flops_per_token=1e6, peak_flops=1e10, mfu_window=10.0)

@@ -35,7 +35,6 @@ log = logging.getLogger("babysitter")
 _RING = 1 << 16  # step boundaries kept between folds: ~65k steps per flush interval
 _MASK = _RING - 1
 _MAX_PHASES = 16
-_MFU_WINDOW_MAX_STEPS = 4096
 _perf_ns = time.perf_counter_ns
 
 Item = TypeVar("Item")
@@ -470,10 +469,17 @@ class Tracker:
         newest = (n - 1) & _MASK
         t_end, tok_end, pause_end = r_t[newest], r_tok[newest], r_pause[newest]
         horizon = t_end - int(self.config.mfu_window * 1e9)
-        first = n - 2
-        lowest = max(0, n - min(_RING, _MFU_WINDOW_MAX_STEPS))
-        while first > lowest and r_t[(first - 1) & _MASK] >= horizon:
-            first -= 1
+        # The window starts at the oldest boundary inside it (at least one step back). Boundaries
+        # are in time order, so a binary search finds it: a scrape costs the same at 10 or 10,000
+        # steps per window.
+        lo, hi = max(0, n - _RING + 1), n - 2
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if r_t[mid & _MASK] >= horizon:
+                hi = mid
+            else:
+                lo = mid + 1
+        first = lo
         j = first & _MASK
         steps = n - 1 - first
         active = (t_end - r_t[j]) - (pause_end - r_pause[j])
