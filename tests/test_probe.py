@@ -404,6 +404,7 @@ def _cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not _cuda(), reason="needs an NVIDIA GPU (runs on a lent GPU machine)")
 class TestOnGpu:
     """The acceptance checks for real hardware: bf16 matmul and memory bandwidth against the table."""
