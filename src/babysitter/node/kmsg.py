@@ -15,6 +15,8 @@ It understands the Xid line of several driver generations::
     NVRM: Xid (PCI:0000:3d:00): 79, pid=0, GPU has fallen off the bus.                   (pid, no name)
     NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.                          (no pid/name)
     NVRM: Xid (0000:01:00): 13, 0003 00000000 0000a097 ...                               (old, no "PCI:")
+    NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel ...    (MIG)
+    NVRM: Xid (PCI:0000:01:00 GPU-I:01 GPU-CI:00): 13, pid=8123, name=python3, ...        (MIG)
 
 and the ``NVRM: GPU at PCI:0000:9b:00: GPU-<uuid>`` line the driver prints before a GPU's first
 error, which maps the bus id to the GPU's UUID. Anything else (NVSwitch ``SXid`` lines, garbage,
@@ -53,7 +55,10 @@ _FINGERPRINT = 64  # bytes before the read offset that must be unchanged for a f
 
 _KMSG_HEADER = re.compile(r"^(\d{1,10}),(\d{1,20}),(\d{1,20}),[^;]{0,64};")
 _BUS = r"([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"  # VMD domains have 5 digits
-_XID = re.compile(r"Xid \((?:PCI:)?" + _BUS + r"\): (\d{1,6}),(.*)$")
+# MIG: the driver attributes an Xid to a GPU instance, or to a GPU and a compute instance, inside the
+# parentheses: "(PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u)" (kernel_rc.c, krcReportXid).
+_MIG = r"(?: GPU-I:(\d{1,5})(?: GPU-CI:(\d{1,5}))?)?"
+_XID = re.compile(r"Xid \((?:PCI:)?" + _BUS + _MIG + r"\): (\d{1,6}),(.*)$")
 _PID_NAME = re.compile(r"^\s*pid=([^,]{0,32}),\s*(?:name=([^,]{0,64}),\s?)?(.*)$")
 _GPU_AT = re.compile(r"GPU at PCI:" + _BUS + r": (GPU-[0-9a-fA-F-]{8,64})")
 _NVRM = "NVRM: "
@@ -71,6 +76,8 @@ class XidEvent:
     message: str  # the text after the code (bounded)
     seq: int | None = None  # /dev/kmsg sequence number
     usec: int | None = None  # /dev/kmsg timestamp (microseconds since boot)
+    gpu_instance: int | None = None  # MIG GPU instance (``GPU-I:``), None when not attributed
+    compute_instance: int | None = None  # MIG compute instance (``GPU-CI:``), None when not attributed
 
 
 class KernelLogParser:
@@ -123,11 +130,13 @@ class KernelLogParser:
         match = _XID.match(text)
         if match is None:
             return None
-        xid = int(match.group(2))
+        xid = int(match.group(4))
         if xid <= 0:
             return None
         bus = normalize_pci_bus_id(match.group(1))
-        rest = match.group(3)
+        gpu_instance = int(match.group(2)) if match.group(2) is not None else None
+        compute_instance = int(match.group(3)) if match.group(3) is not None else None
+        rest = match.group(5)
         pid: int | None = None
         process = ""
         fields = _PID_NAME.match(rest)
@@ -146,6 +155,8 @@ class KernelLogParser:
             message=rest.strip()[:256],
             seq=seq,
             usec=usec,
+            gpu_instance=gpu_instance,
+            compute_instance=compute_instance,
         )
 
     def _gpu_at(self, text: str) -> None:
