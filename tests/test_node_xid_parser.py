@@ -208,16 +208,46 @@ class TestCatalog:
             (119, "reset_gpu"),
             (145, "workflow"),
             (154, "workflow"),
+            (108, "ignore"),  # the catalog page: IGNORE (NVSentinel's CSV: report issue)
+            (160, "ignore"),  # the catalog page: IGNORE (NVSentinel's CSV: RESTART_BM)
         ],
     )
     def test_actions_follow_nvidia_buckets(self, xid: int, action: str) -> None:
         assert xid_catalog.action_for(xid) == action
 
+    @pytest.mark.parametrize(
+        ("xid", "action"),
+        [
+            (162, "ignore"),
+            (163, "workflow"),
+            (164, "workflow"),
+            (165, "workflow"),
+            (166, "drain"),
+            (167, "reset_gpu"),
+            (168, "drain"),
+            (169, "reset_gpu"),
+            (170, "drain"),
+            (171, "workflow"),
+            (172, "workflow"),
+        ],
+    )
+    def test_codes_nvidia_lists_without_a_bucket_get_our_action(self, xid: int, action: str) -> None:
+        info = xid_catalog.lookup(xid)
+        assert info is not None
+        assert (info.nvidia_bucket, info.action) == ("", action)
+
     def test_every_row_has_a_known_action_and_a_meaning(self) -> None:
-        assert set(xid_catalog.CATALOG) == set(range(1, 162))
+        assert set(xid_catalog.CATALOG) == set(range(1, 173))
         for info in xid_catalog.CATALOG.values():
             assert info.action in xid_catalog.ACTIONS
             assert info.meaning
+        assert sum(not info.nvidia_bucket for info in xid_catalog.CATALOG.values()) == 11  # 162-172
+
+    @pytest.mark.parametrize("xid", [173, 176, 177, 999])
+    def test_codes_newer_than_the_catalog_are_unknown(self, xid: int) -> None:
+        """173-176 are in the driver's nverror.h but not in NVIDIA's catalog: counted as unknown."""
+        assert xid_catalog.lookup(xid) is None
+        assert xid_catalog.action_for(xid) == xid_catalog.UNKNOWN_ACTION
 
     def test_unknown_code_is_unknown_not_dropped(self) -> None:
         assert xid_catalog.lookup(999) is None
