@@ -23,9 +23,10 @@ error, which maps the bus id to the GPU's UUID. Anything else (NVSwitch ``SXid``
 lines cut short before the comma after the Xid code) is skipped; nothing raises.
 
 The follower reads ``/dev/kmsg`` (a character device: one record per ``read``, ``poll`` for new
-ones) or follows a plain file like ``tail -F`` (rotation and truncation reopen it). What is already
-in the log when it opens is *history*: it teaches the parser bus-to-UUID lines but its Xids are not
-reported as new, so an agent restart does not count a whole boot's Xids again (see docs/xid.md).
+ones) from its oldest record, or a plain file from its start, and follows it like ``tail -F``
+(rotation and truncation reopen it). Every Xid in it is reported, the history present at open
+included, each ``/dev/kmsg`` record at most once (by its sequence number): the counter means "Xids
+since boot" (see docs/xid.md).
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ class KernelLogParser:
     """Turns kernel log lines into :class:`XidEvent`; remembers bus-to-UUID lines between calls.
 
     Not thread-safe: one parser per reader. Counters (``lines``, ``forged``, ``lost_records``) are
-    for diagnostics and tests.
+    for diagnostics and tests; ``record_seq`` is the ``/dev/kmsg`` sequence number of the line just
+    fed (None for a continuation or a line without a kmsg header).
     """
 
     def __init__(self) -> None:
@@ -92,6 +94,7 @@ class KernelLogParser:
         self.lines = 0
         self.forged = 0
         self.lost_records = 0
+        self.record_seq: int | None = None
         self._last_seq: int | None = None
 
     def feed(self, raw: str | bytes) -> XidEvent | None:
@@ -100,6 +103,7 @@ class KernelLogParser:
         if len(line) > _MAX_LINE:
             line = line[:_MAX_LINE]
         self.lines += 1
+        self.record_seq = None
         seq: int | None = None
         usec: int | None = None
         if line[:1] == " ":
@@ -107,6 +111,7 @@ class KernelLogParser:
         header = _KMSG_HEADER.match(line) if line[:1].isdigit() else None
         if header is not None:
             prio, seq, usec = int(header.group(1)), int(header.group(2)), int(header.group(3))
+            self.record_seq = seq
             self._track_seq(seq)
             message = line[header.end() :]
             if _NVRM not in message:
@@ -188,15 +193,23 @@ def parse_log(lines: Iterable[str | bytes], parser: KernelLogParser | None = Non
 
 #: ``on_status(ok, reason)``: the source opened (``ok``) or failed; called on every change only.
 StatusCallback = Callable[[bool, str], None]
-#: ``on_event(event, live)``: an Xid; ``live`` is False for history read at open.
+#: ``on_event(event, live)``: an Xid; ``live`` is False for history (already in the log at open).
 EventCallback = Callable[[XidEvent, bool], None]
 
 
 class KernelLogFollower:
     """Follows ``/dev/kmsg`` or a log file on the calling thread until ``stop`` is set.
 
-    Never raises: an unreadable source is reported through ``on_status`` (once per change) and
-    retried every ``retry_seconds``.
+    Every Xid is reported once, history included: a ``/dev/kmsg`` record is identified by its
+    sequence number, and records up to ``resume_after_seq`` (set from a saved state before ``run``,
+    then advanced as records are read) are parsed for bus-to-UUID lines but not reported again, so a
+    reopen after an error does not repeat the ring buffer. A plain file reopened after an error
+    resumes where it was read up to, when the bytes before that point are unchanged; a rotated or
+    truncated file is new content, read from its start.
+
+    ``on_caught_up`` is called each time the history present at open has been read. Never raises: an
+    unreadable source is reported through ``on_status`` (once per change) and retried every
+    ``retry_seconds``.
     """
 
     def __init__(
@@ -205,6 +218,7 @@ class KernelLogFollower:
         on_event: EventCallback,
         on_status: StatusCallback,
         *,
+        on_caught_up: Callable[[], None] | None = None,
         poll_seconds: float = 0.5,
         retry_seconds: float = 30.0,
     ) -> None:
@@ -212,12 +226,15 @@ class KernelLogFollower:
         self.parser = KernelLogParser()
         self.records = 0  # lines or records read, history included
         self.offset = 0  # bytes read from the current file (plain files only)
-        self.live = False  # True once the history present at open has been read
+        self.live = False  # True once the history present at the first open has been read
+        self.resume_after_seq: int | None = None
         self._on_event = on_event
         self._on_status = on_status
+        self._on_caught_up = on_caught_up
         self._poll = poll_seconds
         self._retry = retry_seconds
         self._last_status: tuple[bool, str] | None = None
+        self._file_done: tuple[int, int, bytes] | None = None  # (inode, end of last full line, bytes before)
 
     def run(self, stop: threading.Event) -> None:
         """Read until ``stop`` is set; reopen after errors."""
@@ -249,7 +266,9 @@ class KernelLogFollower:
                 try:
                     chunk = os.read(fd, _READ_SIZE)
                 except BlockingIOError:
-                    live = self.live = True  # the backlog is drained: from here on, records are new
+                    if not live:  # the backlog is drained: from here on, records are new
+                        live = True
+                        self._caught_up()
                     poller.poll(int(self._poll * 1000))
                     continue
                 except OSError as exc:
@@ -269,18 +288,26 @@ class KernelLogFollower:
         try:
             self._status(True, "")
             ino = os.fstat(fh.fileno()).st_ino
-            pending = tail = b""
+            self.offset, done_tail = self._resume_point(fh.fileno(), ino)
+            if self.offset:
+                fh.seek(self.offset)
+            pending = b""
+            tail = done_tail
             seen: tuple[int, int] | None = None
             live = False
-            self.offset = 0
             while not stop.is_set():
                 chunk = fh.read(_READ_SIZE)
                 if chunk:
                     self.offset += len(chunk)
                     tail = (tail + chunk)[-_FINGERPRINT:]
-                    pending = self._feed_partial(pending + chunk, live)
+                    data = pending + chunk
+                    pending = self._feed_partial(data, live)
+                    done_tail = (done_tail + data[: len(data) - len(pending)])[-_FINGERPRINT:]
+                    self._file_done = (ino, self.offset - len(pending), done_tail)
                     continue
-                live = self.live = True  # read up to the end once: everything after is new
+                if not live:  # read up to the end once: everything after is new
+                    live = True
+                    self._caught_up()
                 if stop.wait(self._poll):
                     return
                 try:
@@ -297,10 +324,21 @@ class KernelLogFollower:
                     fh.close()
                     fh = open(self.path, "rb", buffering=0)  # noqa: SIM115
                     ino = os.fstat(fh.fileno()).st_ino
-                    pending = tail = b""
+                    pending = tail = done_tail = b""
                     self.offset = 0
+                    self._file_done = (ino, 0, b"")
         finally:
             fh.close()
+
+    def _resume_point(self, fd: int, ino: int) -> tuple[int, bytes]:
+        """Where to read a (re)opened file from: (offset, bytes before it); (0, b"") for new content."""
+        done = self._file_done
+        if done is None or done[0] != ino or done[1] == 0:
+            return 0, b""
+        _, offset, before = done
+        if os.fstat(fd).st_size < offset or os.pread(fd, len(before), offset - len(before)) != before:
+            return 0, b""  # rewritten while we were away: new content
+        return offset, before
 
     def _feed_partial(self, data: bytes, live: bool) -> bytes:
         *complete, rest = data.split(b"\n")
@@ -315,8 +353,21 @@ class KernelLogFollower:
                 continue
             self.records += 1
             event = self.parser.feed(line)
+            seq = self.parser.record_seq
+            if seq is not None and self.resume_after_seq is not None and seq <= self.resume_after_seq:
+                continue  # reported before (an earlier open, or the saved state)
             if event is not None:
                 self._on_event(event, live)
+            if seq is not None:
+                self.resume_after_seq = seq
+
+    def _caught_up(self) -> None:
+        self.live = True
+        if self._on_caught_up is not None:
+            try:
+                self._on_caught_up()
+            except Exception:
+                log.exception("babysitter: kernel log caught-up callback failed")
 
     def _status(self, ok: bool, reason: str) -> None:
         if self._last_status != (ok, reason):
