@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from babysitter.catalog import node as N
 from babysitter.node.collector import GpuIdentity
@@ -434,3 +435,28 @@ class TestAgent:
             assert body.value(XID, gpu="1", xid="79", action="reboot") == 1
         finally:
             second.close()
+
+    def test_deployments_keep_the_state_on_the_host(self) -> None:
+        """The systemd unit and the DaemonSet set --xid-state-file in a directory that outlives the agent."""
+        exporters = Path(__file__).resolve().parent.parent / "exporters"
+        unit = (exporters / "babysitter-node-agent.service").read_text()
+        env = dict(
+            line.removeprefix("Environment=").split("=", 1)
+            for line in unit.splitlines()
+            if line.startswith("Environment=")
+        )
+        state = Path(env["BABYSITTER_NODE_XID_STATE_FILE"])
+        assert f"StateDirectory={state.parent.name}" in unit.splitlines()
+        assert state.parent == Path("/var/lib") / state.parent.name  # where systemd puts StateDirectory
+        ds = yaml.safe_load((exporters / "node-agent-daemonset.yaml").read_text())
+        spec = ds["spec"]["template"]["spec"]
+        container = spec["containers"][0]
+        value = {e["name"]: e.get("value") for e in container["env"]}["BABYSITTER_NODE_XID_STATE_FILE"]
+        mount = next(m for m in container["volumeMounts"] if Path(value).parent == Path(m["mountPath"]))
+        assert not mount.get("readOnly", False)
+        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        assert volume["hostPath"]["path"] == mount["mountPath"]  # on the host: survives the pod
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        config = load_config(parser.parse_args([]), {"BABYSITTER_NODE_XID_STATE_FILE": "/tmp/x.json"})
+        assert config.xid_state_file == Path("/tmp/x.json")  # the variable the unit and the pod set
