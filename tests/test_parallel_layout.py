@@ -379,3 +379,87 @@ class TestMesh:
             layout = resolve_layout(None, world_size=4, model=model)
         assert layout == ParallelLayout(dp=4)
         assert "cannot tell the parallel layout" in caplog.text
+
+
+class TestHuggingFace:
+    """The Hugging Face callback's layout comes from accelerate's ParallelismConfig; real TP/CP
+    Trainer runs need several GPUs (accelerate's CP is CUDA-only), so the hooks are driven here with
+    real TrainingArguments and a real model, in a world of 8 ranks."""
+
+    def test_parallelism_config_gives_the_layout_and_sequence_shards_are_scaled_back(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        """tp=2, cp=2: the forward sees half of each sequence; the callback counts the replica's
+        tokens and sequence length, and credits this rank a quarter of them."""
+        pytest.importorskip("accelerate")
+        torch = pytest.importorskip("torch")
+        from accelerate import ParallelismConfig
+        from transformers import TrainerControl, TrainerState, TrainingArguments
+
+        from babysitter.integrations.hf import Babysitter
+        from integ_helpers import tiny_gpt2
+
+        args = TrainingArguments(
+            output_dir=str(tmp_path),
+            use_cpu=True,
+            report_to=[],
+            bf16=True,
+            parallelism_config=ParallelismConfig(tp_size=2, cp_size=2),
+        )
+        monkeypatch.setenv("RANK", "0")  # after the arguments: accelerate would set up a real group
+        monkeypatch.setenv("WORLD_SIZE", "8")
+        callback = Babysitter(run="hf-cp", port=-1, peak_flops=PEAK, hang_timeout=None, straggler_every=None)
+        model = tiny_gpt2()
+        state, control = TrainerState(), TrainerControl()
+        callback.on_train_begin(args, state, control, model=model)
+        seen = torch.randint(0, 128, (4, 8))  # this rank's half of four 16-token sequences
+        for _ in range(2):  # two micro-batches
+            model(input_ids=seen)
+        state.global_step = 1
+        callback.on_step_end(args, state, control)
+        tracker = callback.tracker
+        assert tracker is not None
+        try:
+            assert str(tracker.config.parallel) == "tp=2,pp=1,cp=2,ep=1,dp=2"
+            assert tracker.config.flops.model == flops.estimate(model.config, seq_len=16).model
+            snap = tracker.snapshot()
+            assert snap.tokens == 2 * 4 * 16 / 4
+            assert snap.model_flops == pytest.approx(
+                2 * 4 * 16 / 4 * flops.estimate(model.config, seq_len=16).model
+            )
+        finally:
+            callback.on_train_end(args, state, control)
+
+    def test_explicit_parallelism_wins_over_the_trainer(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        """parallelism= given to the callback overrides what the Trainer says."""
+        pytest.importorskip("accelerate")
+        from accelerate import ParallelismConfig
+        from transformers import TrainerControl, TrainerState, TrainingArguments
+
+        from babysitter.integrations.hf import Babysitter
+        from integ_helpers import tiny_gpt2
+
+        args = TrainingArguments(
+            output_dir=str(tmp_path),
+            use_cpu=True,
+            report_to=[],
+            parallelism_config=ParallelismConfig(tp_size=2),
+        )
+        monkeypatch.setenv("WORLD_SIZE", "8")
+        callback = Babysitter(
+            run="hf-tp",
+            port=-1,
+            peak_flops=PEAK,
+            flops_per_token=FPT,
+            hang_timeout=None,
+            straggler_every=None,
+            parallelism={"tp": 4},
+        )
+        callback.on_train_begin(args, TrainerState(), TrainerControl(), model=tiny_gpt2())
+        try:
+            assert callback.tracker is not None
+            assert (callback.tracker.config.parallel.tp, callback.tracker.config.parallel.dp) == (4, 2)
+        finally:
+            callback.on_train_end(args, TrainerState(), TrainerControl())
