@@ -19,7 +19,7 @@ import babysitter
 from babysitter import flops
 from babysitter.catalog import train as T
 from babysitter.events import NullEvents
-from babysitter.flops.parallel import ParallelLayout, resolve_layout
+from babysitter.flops.parallel import DIMS, ParallelLayout, resolve_layout
 
 PEAK = 1e12
 FPT = 2e8  # model FLOPs per token of the whole model
@@ -254,6 +254,7 @@ class TestExport:
             if s.name == T.INFO.name and all(s.labels.get(k) == v for k, v in info.items())
         ]
         assert len(matching) == 1
+        assert T.PARALLEL_LABELS == DIMS  # the mapping's keys are the labels' names
         # a lone process without a layout keeps integer token counts
         assert tracker.snapshot().tokens == 6
 

@@ -25,6 +25,7 @@ __all__ = [
     "MFU",
     "MODEL_FLOPS",
     "NONFINITE_LOSS",
+    "PARALLEL_LABELS",
     "PEAK_FLOPS",
     "PHASE_SECONDS",
     "RUN_START_TIMESTAMP",
@@ -39,6 +40,9 @@ __all__ = [
 ]
 
 TRACKER_LABELS = ("run", "rank")
+#: ``train_info`` labels with the parallel degrees (tensor, pipeline, context, expert, data): the keys
+#: of ``watch(parallelism=...)``.
+PARALLEL_LABELS = ("tp", "pp", "cp", "ep", "dp")
 
 #: Step time buckets: 1/16 s to 128 s, doubling (12 buckets + ``+Inf``). Doubling keeps the
 #: per-rank series budget small while still telling a 2x slowdown apart at any step time.
@@ -167,19 +171,7 @@ INFO = MetricSpec(
     "",
     "Static facts about this training process: version, device, dtype used for the peak, world size, "
     "tensor/pipeline/context/expert/data parallel degrees.",
-    labels=(
-        "version",
-        "device",
-        "peak_dtype",
-        "world_size",
-        "local_rank",
-        "flops_source",
-        "tp",
-        "pp",
-        "cp",
-        "ep",
-        "dp",
-    ),
+    labels=("version", "device", "peak_dtype", "world_size", "local_rank", "flops_source", *PARALLEL_LABELS),
 )
 
 METRICS: tuple[MetricSpec, ...] = (

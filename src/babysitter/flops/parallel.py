@@ -30,7 +30,8 @@ __all__ = ["DIMS", "MESH_DIM_NAMES", "ParallelLayout", "layout_from_mesh", "mode
 
 log = logging.getLogger("babysitter")
 
-#: Keys of a ``parallelism=`` mapping: tensor, pipeline, context, expert and data parallel degrees.
+#: Keys of a ``parallelism=`` mapping: tensor, pipeline, context, expert and data parallel degrees
+#: (also the ``train_info`` labels that carry them, ``catalog.train.PARALLEL_LABELS``).
 DIMS = ("tp", "pp", "cp", "ep", "dp")
 
 #: DeviceMesh dimension names and the degree each one counts toward. torchtitan, Lightning's

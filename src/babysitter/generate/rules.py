@@ -47,12 +47,14 @@ class Records:
 
     @property
     def tokens_rate(self) -> str:
-        """Tokens per second of a run, all ranks together."""
+        """Tokens per second of a run: each rank exports its share of its data-parallel replica's
+        tokens (1/(tp x pp x cp)), so the sum over ranks counts every token once."""
         return record_name(["run"], "train_tokens", f"rate{self.cfg.rate_window}")
 
     @property
     def mfu(self) -> str:
-        """MFU of a run from the counters: model FLOP/s of all ranks over their summed dense peak."""
+        """MFU of a run from the counters: model FLOP/s of all ranks (each its share of its replica's)
+        over their summed dense peak; the job's MFU under any tensor/pipeline/context layout."""
         return record_name(["run"], T.MFU.name, f"rate{self.cfg.rate_window}")
 
     @property
