@@ -319,6 +319,28 @@ class TestMesh:
         # a slice says the same: the whole mesh is read
         assert resolve_layout(mesh["tp"], world_size=32) == layout
 
+    def test_unflattened_mesh_is_read_as_given_not_through_its_world_root(
+        self, world: Any, caplog: Any
+    ) -> None:
+        """Newer torchtitan cuts its meshes out of one flattened ``world`` dim with ``_unflatten``; that
+        root says nothing, so the mesh given is read. A DTensor slice of it (a TP weight's ``tp`` mesh)
+        cannot see the pipeline dim: the rest is taken as data parallel, with a warning saying so."""
+        torch = pytest.importorskip("torch")
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+        init_device_mesh = world(16, rank=3)
+        dense = init_device_mesh("cpu", (16,), mesh_dim_names=("world",))._unflatten(
+            0, (2, 2, 4), ("pp", "fsdp", "tp")
+        )
+        layout = resolve_layout(dense, world_size=16)
+        assert (layout.tp, layout.pp, layout.dp) == (4, 2, 2)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+        parallelize_module(model, dense["tp"], {"0": ColwiseParallel()})
+        with caplog.at_level(logging.WARNING, logger="babysitter"):
+            from_model = resolve_layout(None, world_size=16, model=model)
+        assert (from_model.tp, from_model.pp, from_model.dp, from_model.source) == (4, 1, 4, "model")
+        assert "spans 4 of 16 ranks" in caplog.text and "pp=" in caplog.text
+
     def test_lightning_model_parallel_names(self, world: Any) -> None:
         """Lightning's ModelParallelStrategy names its dims data_parallel and tensor_parallel."""
         init_device_mesh = world(8)

@@ -172,7 +172,7 @@ def layout_from_mesh(mesh: Any) -> dict[str, int]:
 
 
 def _root(mesh: Any) -> Any:
-    """The whole mesh a slice (``mesh["tp"]``) or flattened dim was cut from: it holds every degree."""
+    """The mesh a slice (``mesh["tp"]``) was cut from, or ``mesh`` itself."""
     root = getattr(mesh, "_get_root_mesh", None)
     try:
         return root() if callable(root) else mesh
@@ -180,8 +180,24 @@ def _root(mesh: Any) -> Any:
         return mesh
 
 
+def _readable(mesh: Any) -> bool:
+    names = mesh.mesh_dim_names
+    return bool(names) and all(str(name) in MESH_DIM_NAMES for name in names)
+
+
+def _pick(mesh: Any, world_size: int) -> Any:
+    """The mesh that says the most: the root a slice was cut from when it spans the world with dims
+    babysitter knows (torchtitan, Lightning, accelerate), else the mesh given. A root that is one
+    flattened ``world`` dimension (meshes built by ``_unflatten``, as newer torchtitan does) says
+    nothing, so the mesh given is read instead."""
+    root = _root(mesh)
+    if root is not mesh and _readable(root) and int(root.size()) == world_size:
+        return root
+    return mesh
+
+
 def model_mesh(model: object) -> Any:
-    """The root DeviceMesh of the first DTensor parameter of ``model`` (FSDP2, tensor parallel), or None.
+    """The DeviceMesh of the first DTensor parameter of ``model`` (FSDP2, tensor parallel), or None.
 
     Never imports torch: a process that has not imported ``torch.distributed.tensor`` has no DTensors.
     """
@@ -193,7 +209,7 @@ def model_mesh(model: object) -> Any:
     try:
         for param in parameters():
             if isinstance(param, dtensor):
-                return _root(param.device_mesh)
+                return param.device_mesh
     except Exception as exc:  # an odd module: no layout from it
         log.debug("babysitter: could not read the model's device mesh: %r", exc)
     return None
@@ -206,14 +222,14 @@ def _is_fsdp2(model: object) -> bool:
 
 
 def _from_model(model: object, world_size: int) -> ParallelLayout | None:
-    mesh = model_mesh(model)
-    if mesh is None:
+    found = model_mesh(model)
+    if found is None:
         return None
+    mesh = _pick(found, world_size)
     if not mesh.mesh_dim_names and mesh.ndim == 1 and _is_fsdp2(model):
         return None  # fully_shard()'s default mesh: one unnamed data-parallel dimension
     try:
-        degrees = layout_from_mesh(mesh)
-        return _mesh_layout(degrees, int(mesh.size()), world_size, "model")
+        return _mesh_layout(layout_from_mesh(mesh), int(mesh.size()), world_size, "model")
     except ValueError as exc:
         log.warning(
             "babysitter: cannot tell the parallel layout from the model's DeviceMesh (%s); MFU and tokens "
@@ -228,8 +244,12 @@ def _mesh_layout(degrees: dict[str, int], mesh_size: int, world_size: int, sourc
         raise ValueError(f"parallelism: the DeviceMesh has {mesh_size} ranks, not a divisor of {world_size}")
     degrees = {**degrees, "dp": degrees["dp"] * (world_size // mesh_size)}  # ranks outside: data parallel
     if mesh_size != world_size:
-        log.info(
-            "babysitter: the DeviceMesh spans %d of %d ranks; the rest are taken as data parallel",
+        # Right for a tensor-parallel mesh under DDP; wrong if the ranks outside are pipeline stages.
+        log.log(
+            logging.WARNING if source == "model" else logging.INFO,
+            "babysitter: the DeviceMesh (%s) spans %d of %d ranks; the other ranks are taken as data "
+            "parallel (pass parallelism= with pp= if they are pipeline stages)",
+            ", ".join(f"{k}={v}" for k, v in degrees.items() if v > 1) or "all 1",
             mesh_size,
             world_size,
         )
@@ -239,10 +259,11 @@ def _mesh_layout(degrees: dict[str, int], mesh_size: int, world_size: int, sourc
 def resolve_layout(parallelism: object, *, world_size: int, model: object = None) -> ParallelLayout:
     """The checked layout from ``watch(parallelism=...)``: a mapping, a DeviceMesh or None.
 
-    A DeviceMesh is read whole (its root: a slice such as ``mesh["tp"]`` gives the same layout); ranks
-    outside it count as data parallel. None reads the mesh of the model's DTensor parameters the same
-    way when it names its dimensions, else assumes data parallelism only (every rank brings its own
-    tokens). Raises TypeError/ValueError at setup for a layout that does not fit the world size.
+    A DeviceMesh is read whole: a slice such as ``mesh["tp"]`` gives the layout of the mesh it was
+    cut from when that one spans the world; ranks outside the mesh read count as data parallel. None
+    reads the mesh of the model's DTensor parameters the same way when it names its dimensions, else
+    assumes data parallelism only (every rank brings its own tokens). Raises TypeError/ValueError at
+    setup for a layout that does not fit the world size.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world size must be a positive int, got {world_size!r}")
@@ -250,7 +271,7 @@ def resolve_layout(parallelism: object, *, world_size: int, model: object = None
         found = _from_model(model, world_size)
         return found if found is not None else ParallelLayout(dp=world_size)
     if _is_mesh(parallelism):
-        mesh = _root(parallelism)
+        mesh = _pick(parallelism, world_size)
         return _mesh_layout(layout_from_mesh(mesh), int(mesh.size()), world_size, "mesh")
     if not isinstance(parallelism, Mapping):
         raise TypeError(
