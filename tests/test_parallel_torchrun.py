@@ -156,6 +156,7 @@ def _assert_job_numbers(seen: dict[str, Any], ranks: list[dict[str, Any]], shape
         assert seen[name] == pytest.approx(tokens_per_second, rel=TOLERANCE), (name, seen, tokens_per_second)
 
 
+@pytest.mark.prometheus
 def test_tensor_x_data_parallel_mfu_is_the_job_mfu(stack: Any, tmp_path: Path) -> None:
     """TP=2 x DP=2: per-rank MFU, sum(rate(flops)) / sum(peak), the run: rules and the scorecard all give
     the job's MFU; sum(rate(tokens)) gives the job's tokens/s (every token once, not once per TP rank)."""
@@ -172,6 +173,7 @@ def test_tensor_x_data_parallel_mfu_is_the_job_mfu(stack: Any, tmp_path: Path) -
     assert sorted(r["dp_rank"] for r in ranks) == [0, 0, 1, 1]
 
 
+@pytest.mark.prometheus
 def test_pipeline_stages_share_flops_and_the_bubble_lowers_mfu(stack: Any, tmp_path: Path) -> None:
     """PP=2 (GPipe, 4 micro-batches): each stage is credited half the replica's FLOPs whatever the
     bubble, the halves add up to what FlopCounterMode measured on the two stages, and MFU is the job's
