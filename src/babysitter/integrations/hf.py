@@ -152,22 +152,26 @@ def _defaults(args: Any, model: Any = None) -> dict[str, Any]:
     return defaults
 
 
-def _size(value: object) -> int:
+def _size(owner: object, name: str) -> int:
+    """A parallel size attribute (accelerate's config, the model); 1 when absent or odd."""
+    try:
+        value = getattr(owner, name, None)
+    except Exception:  # a property that raises: no size from it
+        return 1
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
 
 def _sequence_shards(args: Any) -> int:
     """Ranks each sequence is split over by the Trainer: context x sequence (Ulysses) parallel."""
     config = getattr(args, "parallelism_config", None)
-    return _size(getattr(config, "cp_size", 1)) * _size(getattr(config, "sp_size", 1))
+    return _size(config, "cp_size") * _size(config, "sp_size")
 
 
 def _layout(args: Any, model: Any) -> dict[str, int]:
     """Tensor and context parallel degrees as the Trainer counts them (its ranks "with the same
     batch": tp x cp x sp); empty when there is no model parallelism."""
-    config = getattr(args, "parallelism_config", None)
-    tp = _size(getattr(config, "tp_size", 1))
+    tp = _size(getattr(args, "parallelism_config", None), "tp_size")
     if tp == 1:
-        tp = _size(getattr(model, "_tp_size", None) or getattr(model, "tp_size", None))
+        tp = max(_size(model, "_tp_size"), _size(model, "tp_size"))
     cp = _sequence_shards(args)
     return {k: v for k, v in (("tp", tp), ("cp", cp)) if v > 1}
