@@ -48,8 +48,9 @@ class TrackerSnapshot:
     steps: int
     step: int
     last_step_time: float | None
-    tokens: int
-    samples: int
+    #: This rank's share of its data-parallel replica's tokens and samples (replica / (tp x pp x cp)).
+    tokens: float
+    samples: float
     tokens_per_second: float | None
     model_flops: float | None
     hardware_flops: float | None
@@ -148,6 +149,7 @@ class Tracker:
         loss_reader: LossReader | None = None,
     ) -> None:
         self.config = config
+        self._share = config.parallel.share
         self.errors = Tally("internal error")
         self.rejected = Tally("invalid input skipped")
         self._events: RunEvents = events if events is not None else NullEvents()
@@ -206,10 +208,12 @@ class Tracker:
     ) -> None:
         """Mark the end of one optimizer step. Never raises, never synchronizes the device.
 
-        ``tokens``/``samples``: processed by this rank in this step (default: ``tokens_per_step`` /
-        ``samples_per_step`` from :func:`watch`); pass Python ints (``batch.numel()`` is free, a
-        tensor sum is not). ``loss``: a number or a (device) tensor, read later off the hot path.
-        ``step``: the global step just completed, when the training loop knows it better.
+        ``tokens``/``samples``: of this rank's data-parallel replica in this step, i.e. the batch
+        this rank took part in (default: ``tokens_per_step`` / ``samples_per_step`` from
+        :func:`watch`); the tracker credits this rank with its share under tensor, pipeline or
+        context parallelism. Pass Python ints (``batch.numel()`` is free, a tensor sum is not).
+        ``loss``: a number or a (device) tensor, read later off the hot path. ``step``: the global
+        step just completed, when the training loop knows it better.
         """
         try:
             now = _perf_ns()
@@ -448,7 +452,7 @@ class Tracker:
                 self._events.progress(
                     boundaries=boundaries,
                     data_wait_seconds=(data_wait_ns - self._fold_data_wait_ns) / 1e9,
-                    model_flops=(tokens - self._fold_tokens) * flops if flops else 0.0,
+                    model_flops=self._share((tokens - self._fold_tokens) * flops) if flops else 0.0,
                     peak_flops=self.config.peak.flops_per_second,
                 )
             except Exception as exc:
@@ -498,8 +502,12 @@ class Tracker:
             n = self._n
             flops = self.config.flops
             peak = self.config.peak.flops_per_second
+            # This rank's share of its replica's tokens, and so of the FLOPs (see flops.parallel).
+            share = self._share
             tokens = self._tokens
             rate = self._window_rate() if tokens > 0 else None
+            if rate is not None:
+                rate = share(rate)
             mfu = hfu = None
             if rate is not None and peak and flops.model is not None and flops.hardware is not None:
                 mfu = rate * flops.model / peak
@@ -514,11 +522,11 @@ class Tracker:
                 steps=n,
                 step=self._step,
                 last_step_time=self._wall(self._r_t[(n - 1) & _MASK]) if n else None,
-                tokens=tokens,
-                samples=self._samples,
+                tokens=share(tokens),
+                samples=share(self._samples),
                 tokens_per_second=rate,
-                model_flops=tokens * flops.model if flops.model is not None else None,
-                hardware_flops=tokens * flops.hardware if flops.hardware is not None else None,
+                model_flops=share(tokens * flops.model) if flops.model is not None else None,
+                hardware_flops=share(tokens * flops.hardware) if flops.hardware is not None else None,
                 peak_flops=peak,
                 mfu=mfu,
                 hfu=hfu,
@@ -548,6 +556,7 @@ class Tracker:
             "world_size": str(config.rank.world_size),
             "local_rank": str(config.rank.local_rank),
             "flops_source": config.flops.source,
+            **config.parallel.labels(),
         }
 
     def event_metrics(self, label_names: list[str], label_values: list[str]) -> Iterable[Any]:

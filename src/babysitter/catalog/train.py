@@ -25,6 +25,7 @@ __all__ = [
     "MFU",
     "MODEL_FLOPS",
     "NONFINITE_LOSS",
+    "PARALLEL_LABELS",
     "PEAK_FLOPS",
     "PHASE_SECONDS",
     "RUN_START_TIMESTAMP",
@@ -39,6 +40,9 @@ __all__ = [
 ]
 
 TRACKER_LABELS = ("run", "rank")
+#: ``train_info`` labels with the parallel degrees (tensor, pipeline, context, expert, data): the keys
+#: of ``watch(parallelism=...)``.
+PARALLEL_LABELS = ("tp", "pp", "cp", "ep", "dp")
 
 #: Step time buckets: 1/16 s to 128 s, doubling (12 buckets + ``+Inf``). Doubling keeps the
 #: per-rank series budget small while still telling a 2x slowdown apart at any step time.
@@ -58,25 +62,38 @@ STEP_DURATION = MetricSpec(
 LAST_STEP_TIMESTAMP = MetricSpec(
     "train_last_step_timestamp_seconds", "gauge", "seconds", "Unix time at which the last step finished."
 )
-TOKENS = MetricSpec("train_tokens_total", "counter", "", "Tokens processed by this rank.")
-SAMPLES = MetricSpec("train_samples_total", "counter", "", "Samples (sequences) processed by this rank.")
+TOKENS = MetricSpec(
+    "train_tokens_total",
+    "counter",
+    "",
+    "This rank's share of its data-parallel replica's tokens (replica tokens / (tp x pp x cp)): "
+    "the sum over ranks is the job's tokens.",
+)
+SAMPLES = MetricSpec(
+    "train_samples_total",
+    "counter",
+    "",
+    "This rank's share of its data-parallel replica's samples (sequences), shared as the tokens are.",
+)
 TOKENS_PER_SECOND = MetricSpec(
     "train_tokens_per_second",
     "gauge",
     "",
-    "Tokens per second of this rank over the tracker's sliding window.",
+    "This rank's share of its replica's tokens per second over the tracker's sliding window.",
 )
 MODEL_FLOPS = MetricSpec(
     "train_model_flops_total",
     "counter",
     "flops",
-    "Model FLOPs done by this rank (forward + backward, no recomputation): the MFU numerator.",
+    "This rank's share of its replica's model FLOPs (forward + backward, no recomputation): the MFU "
+    "numerator; summed over ranks, the job's model FLOPs.",
 )
 HARDWARE_FLOPS = MetricSpec(
     "train_hardware_flops_total",
     "counter",
     "flops",
-    "Hardware FLOPs done by this rank, counting activation recomputation: the HFU numerator.",
+    "This rank's share of its replica's hardware FLOPs, counting activation recomputation: the HFU "
+    "numerator.",
 )
 PEAK_FLOPS = MetricSpec(
     "train_peak_flops_per_second",
@@ -88,7 +105,8 @@ MFU = MetricSpec(
     "train_mfu_ratio",
     "gauge",
     "ratio",
-    "Model FLOPs utilization over the tracker's sliding window: model FLOP/s over dense peak.",
+    "Model FLOPs utilization over the tracker's sliding window: this rank's share of model FLOP/s over "
+    "its dense peak (the job's MFU when the ranks keep pace).",
 )
 HFU = MetricSpec(
     "train_hfu_ratio",
@@ -151,8 +169,9 @@ INFO = MetricSpec(
     "train_info",
     "info",
     "",
-    "Static facts about this training process: version, device, dtype used for the peak, world size.",
-    labels=("version", "device", "peak_dtype", "world_size", "local_rank", "flops_source"),
+    "Static facts about this training process: version, device, dtype used for the peak, world size, "
+    "tensor/pipeline/context/expert/data parallel degrees.",
+    labels=("version", "device", "peak_dtype", "world_size", "local_rank", "flops_source", *PARALLEL_LABELS),
 )
 
 METRICS: tuple[MetricSpec, ...] = (
