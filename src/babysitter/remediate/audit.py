@@ -44,9 +44,10 @@ class AuditLog:
         self._lock = threading.Lock()
         self.write_errors = 0
 
-    def write(self, event: str, **fields: Any) -> dict[str, Any]:
+    def write(self, event: str, *, t: float | None = None, **fields: Any) -> dict[str, Any]:
         """Append one record (``t``, ``event`` and ``fields``); a write error is logged, never raised."""
-        record: dict[str, Any] = {"v": SCHEMA, "t": round(time.time(), 6), "event": event, **fields}
+        when = time.time() if t is None else t
+        record: dict[str, Any] = {"v": SCHEMA, "t": round(when, 6), "event": event, **fields}
         line = (json.dumps(record, separators=(",", ":"), sort_keys=True, default=str) + "\n").encode()
         with self._lock:
             try:

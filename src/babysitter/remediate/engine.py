@@ -78,6 +78,8 @@ class Remediator:
         self._nodes: tuple[float, int] | None = None
         self._lock = threading.Lock()
         self._drained_now = 0
+        self._refused: set[tuple[str, str, str, str | None]] = set()
+        self._logged: dict[tuple[str, str], float] = {}
         self._cap_now: int | None = None
         self._cap_tried = -_NODES_TTL - 1.0
         self.actions: dict[tuple[str, str], int] = {
@@ -94,6 +96,11 @@ class Remediator:
     def _replay(self) -> None:
         count = 0
         for record in replay(self.audit.path):
+            if record.get("event") == "held":
+                host, alert_key, key = record.get("host"), record.get("alert_key"), record.get("key")
+                if isinstance(host, str) and isinstance(alert_key, str) and isinstance(key, str):
+                    self.rails.hold(host, alert_key, key, float(record["t"]))
+                continue
             if record.get("event") != "action":
                 continue
             action, result = record.get("action"), record.get("result")
@@ -124,7 +131,7 @@ class Remediator:
                     self._firing(alert)
             except Exception as exc:  # one bad alert must not stop the others
                 log.exception("babysitter remediate: alert %s failed", alert.name)
-                self.audit.write("error", alert=alert.describe(), detail=f"{type(exc).__name__}: {exc}")
+                self._audit("error", alert=alert.describe(), detail=f"{type(exc).__name__}: {exc}")
 
     def tick(self) -> None:
         """Act on deferred alerts whose ``firing_for`` has passed; forget those not heard of for too long."""
@@ -136,7 +143,7 @@ class Remediator:
         for key, (alert, rule, seen) in list(self._pending.items()):
             if now - seen > self.policy.pending_ttl:
                 del self._pending[key]
-                self.audit.write(
+                self._audit(
                     "forgotten",
                     alert=alert.describe(),
                     rule=rule.name,
@@ -160,7 +167,7 @@ class Remediator:
         now = self.clock()
         if now - alert.starts_at < rule.firing_for:
             if alert.key not in self._pending:
-                self.audit.write(
+                self._audit(
                     "deferred",
                     alert=alert.describe(),
                     rule=rule.name,
@@ -252,6 +259,19 @@ class Remediator:
         if self.rails.done(key) or not self._host_allowed("drain", alert, rule, host):
             return
         now = self.clock()
+        if self.rails.held(host, now) and self._still_drained(host):
+            self.rails.hold(host, alert.key, key, now)
+            self._audit(
+                "held",
+                action="drain",
+                host=host,
+                alert=alert.describe(),
+                alert_key=alert.key,
+                key=key,
+                rule=rule.name,
+                detail="already drained by this remediator; this alert holds it too",
+            )
+            return
         if not self.rails.rate_ok(now):
             self._refuse("drain", "rate_limit", alert, rule, host=host, detail=self._rate_detail(now))
             return
@@ -283,6 +303,13 @@ class Remediator:
         dry = self._dry(rule)
         outcome = self.backend.drain(host, reason, dry_run=dry, alert=alert.describe())
         self._done("drain", outcome, alert, rule, key=key, host=host, reason=reason)
+
+    def _still_drained(self, host: str) -> bool:
+        """Ask the scheduler (an operator may have resumed the node since); unknown counts as no."""
+        try:
+            return self.backend.is_drained(host) is True
+        except BackendError:
+            return False
 
     def _undrain(self, alert: Alert, rule: Rule, host: str) -> None:
         now = self.clock()
@@ -358,7 +385,7 @@ class Remediator:
                 continue
             now = self.clock()
             if self.rails.recently_requeued(job, now):
-                self.audit.write(
+                self._audit(
                     "skipped",
                     action="requeue",
                     job=job,
@@ -515,9 +542,15 @@ class Remediator:
         detail: str,
         job: str | None = None,
     ) -> None:
+        seen = (alert.key, action, reason, job)
+        if seen in self._refused:
+            return  # the same refusal for the same alert episode, re-sent by Alertmanager
+        if len(self._refused) > 100_000:
+            self._refused.clear()
+        self._refused.add(seen)
         self._count(self.actions, action, "refused")
         self._count(self.refusals, action, reason)
-        self.audit.write(
+        self._audit(
             "refused",
             action=action,
             reason=reason,
@@ -528,11 +561,21 @@ class Remediator:
             detail=detail,
             dry_run=self._dry(rule),
         )
-        log.warning("babysitter remediate: refused %s for %s (%s): %s", action, alert.name, reason, detail)
+        now = time.monotonic()
+        if now - self._logged.get((action, reason), -1e9) >= 60.0:
+            self._logged[(action, reason)] = now
+            log.warning(
+                "babysitter remediate: refused %s for %s (%s): %s (further refusals for this reason: "
+                "audit log and remediation_refused_total only, for a minute)",
+                action,
+                alert.name,
+                reason,
+                detail,
+            )
 
     def _fail(self, action: str, alert: Alert, rule: Rule, *, host: str | None, detail: str) -> None:
         self._count(self.actions, action, "failed")
-        self.audit.write(
+        self._audit(
             "action",
             action=action,
             result="failed",
@@ -564,7 +607,7 @@ class Remediator:
         self.rails.record(action, key=key, now=now, host=host, job=job, alert_key=alert.key, done=outcome.ok)
         self._drained_now = len(self.rails.drained(now))
         self._count(self.actions, action, result)
-        self.audit.write(
+        self._audit(
             "action",
             action=action,
             result=result,
@@ -591,6 +634,9 @@ class Remediator:
             alert.name,
             outcome.detail or reason,
         )
+
+    def _audit(self, event: str, **fields: Any) -> None:
+        self.audit.write(event, t=self.clock(), **fields)
 
     def snapshot(self) -> Mapping[str, Any]:
         """Counters and gauges for the metrics endpoint."""

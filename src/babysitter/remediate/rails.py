@@ -76,6 +76,15 @@ class Rails:
         t = self._requeued.get(job)
         return t is not None and t > now - self.rate.window
 
+    def held(self, host: str, now: float) -> bool:
+        """Drained by this remediator within the cap's window, for alerts not all resolved."""
+        return bool(self.holders.get(host)) and host in self.drained(now)
+
+    def hold(self, host: str, alert_key: str, key: str, now: float) -> None:
+        """Another alert keeps a host drained that is drained already: no new command."""
+        self.holders.setdefault(host, set()).add(alert_key)
+        self._done[key] = now
+
     # ---------------------------------------------------------------- recording
 
     def record(

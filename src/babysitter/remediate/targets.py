@@ -51,7 +51,7 @@ def render_reason(template: str, labels: Mapping[str, str], *, prefix: str = "ba
     """
 
     def fill(match: re.Match[str]) -> str:
-        return _UNSAFE.sub("", labels.get(match.group(1), "?"))[:64]
+        return _UNSAFE.sub("", labels.get(match.group(1), "unknown"))[:64]
 
     text = _UNSAFE.sub("", _FIELD.sub(fill, template))
     return (prefix + " ".join(text.split()))[:MAX_REASON]

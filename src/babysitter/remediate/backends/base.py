@@ -76,6 +76,10 @@ class Backend(Protocol):
         """The job's namespace (Kubernetes), or None."""
         ...
 
+    def is_drained(self, host: str) -> bool | None:
+        """Whether the host is drained (cordoned) now; None when the backend cannot tell."""
+        ...
+
     def drain(
         self, host: str, reason: str, *, dry_run: bool, alert: Mapping[str, object] | None = None
     ) -> Outcome:

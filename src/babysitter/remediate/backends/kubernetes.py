@@ -60,6 +60,10 @@ class KubernetesBackend:
             and (pod.status is None or pod.status.phase in ("Running", "Pending", "Unknown", "Failed"))
         ]
 
+    def is_drained(self, host: str) -> bool | None:
+        node = self._call(f"read node {host}", self._api.read_node, host)
+        return bool(node.spec.unschedulable)
+
     def jobs_on(self, host: str) -> list[str]:
         return [f"{pod.metadata.namespace}/{pod.metadata.name}" for pod in self._pods(host)]
 

@@ -39,6 +39,9 @@ class ScriptBackend:
     def partitions_of(self, host: str) -> list[str] | None:
         return None
 
+    def is_drained(self, host: str) -> bool | None:
+        return None
+
     def jobs_on(self, host: str) -> list[str]:
         return []
 

@@ -59,6 +59,10 @@ class SlurmBackend:
         state, _, reason = out[0].partition("|")
         return state.strip(), reason.strip()
 
+    def is_drained(self, host: str) -> bool | None:
+        found = self.drain_reason(host)
+        return None if found is None else "drain" in found[0]
+
     def jobs_on(self, host: str) -> list[str]:
         out = self._query("squeue", "-h", "-t", "RUNNING", "-w", host, "-o", "%i")
         return [line.strip() for line in out.splitlines() if line.strip()]
