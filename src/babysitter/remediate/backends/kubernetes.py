@@ -211,9 +211,9 @@ def _core_api(options: KubernetesOptions) -> Any:
         ) from None
     configuration = client.Configuration()
     if options.in_cluster:
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call,unused-ignore]
     else:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
+        config.load_kube_config(  # type: ignore[no-untyped-call,unused-ignore]
             config_file=options.kubeconfig, context=options.context, client_configuration=configuration
         )
     return client.CoreV1Api(client.ApiClient(configuration))
