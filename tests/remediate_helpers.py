@@ -184,7 +184,7 @@ class SlurmCluster:
     def _write(self) -> None:
         w = self.workdir
         munge = w / "munge"
-        munge.mkdir(mode=0o700)
+        munge.mkdir(mode=0o700, parents=True)
         os.chmod(munge, 0o711)  # noqa: S103 - the socket must be reachable; the key stays 0400
         key = munge / "munge.key"
         key.write_bytes(os.urandom(1024))
