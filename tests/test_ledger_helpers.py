@@ -54,6 +54,26 @@ class Book:
         )
         return self
 
+    def segment(self, t: float, *, last_step: int, last_end: float, resumed: int | None = 0) -> Book:
+        """The current incarnation's continuation start (its writer found the file deleted)."""
+        first = next(r for r in reversed(self.records) if isinstance(r, Start))
+        count = sum(1 for r in self.records if isinstance(r, Start) and r.id == first.id)
+        self._add(
+            Start(
+                t=s(t),
+                pst=first.pst,
+                id=first.id,
+                host=first.host,
+                pid=first.pid,
+                run=first.run,
+                segment=count,
+                last_step=last_step,
+                last_end=s(last_end),
+                resumed=resumed,
+            )
+        )
+        return self
+
     def as_writer(self, n: int) -> Book:
         """The following lines are written by incarnation ``n`` (1-based), e.g. a fenced one."""
         self._tag = fence_tag(f"i{n}")

@@ -15,6 +15,7 @@ from babysitter.catalog import goodput as G
 from babysitter.cli import main
 from babysitter.ledger import LedgerWriter, read_ledger, summarize
 from babysitter.ledger.records import Progress, Start
+from test_ledger_helpers import Book, nonzero, ramp
 from test_ledger_writer import LEDGER, drive, make, samples, wait_for
 
 
@@ -100,3 +101,28 @@ def test_the_lock_comes_back_with_the_run_directory(tmp_path: Path, writers: lis
         assert samples(other)[(G.LEDGER_WRITER_STATE.name, "waiting")] == 1
     finally:
         other.close(time=time.time(), clean=False)
+
+
+def test_a_file_replaced_by_an_older_copy_keeps_the_copy_and_counts_the_missing_steps() -> None:
+    """The copy holds steps 1..5 of the incarnation; the continuation says step 9 ended at 12 s. The
+    stretch in between is one long step standing for steps 6..9 (productive: nothing resumed before it),
+    and the count stays exact."""
+    book = Book().start(0).steps(1, ramp(1, 5)).segment(14, last_step=9, last_end=12).steps(10, ramp(13, 3))
+    book.end(16)
+    acc = book.account()
+    assert nonzero(acc) == {"startup": 1.0, "other": 1.0, "productive": 14.0}
+    inc = book.timeline().incarnations[0]
+    assert inc.step_count == 12
+    assert inc.segments == 1
+    assert acc.restarts == 0
+
+
+def test_a_continuation_at_the_head_of_a_file_starts_at_its_carried_boundary() -> None:
+    book = Book().start(0).steps(1, ramp(5, 20)).segment(30, last_step=20, last_end=24)
+    book.steps(21, ramp(26, 4)).end(31)
+    del book.records[:2], book.tags[:2]  # the file lost the start and the first steps
+    acc = book.account()
+    assert nonzero(acc) == {"other": 2.0, "productive": 5.0}  # step 21 from 24 s to 26 s, 22..24
+    inc = book.timeline().incarnations[0]
+    assert inc.continued
+    assert inc.resume_step() == 0

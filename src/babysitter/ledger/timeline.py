@@ -18,6 +18,7 @@ import heapq
 import itertools
 from array import array
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -118,9 +119,14 @@ class Incarnation:
     folded: int = 0
     #: Continuation segments seen (the writer found its file deleted or replaced this many times).
     segments: int = 0
+    #: The fencing tag this incarnation's lines carry.
+    tag: str = field(init=False)
     _open_ckpt: dict[str, CheckpointSpan] = field(default_factory=dict)
     _open_phase: dict[str, int] = field(default_factory=dict)
     _pieces_cache: tuple[int, list[Piece]] | None = None
+
+    def __post_init__(self) -> None:
+        self.tag = fence_tag(self.start.id)
 
     # ---------------------------------------------------------------- building
 
@@ -176,11 +182,11 @@ class Incarnation:
             raise ValueError("a progress line needs one step per boundary")
         i0 = len(self.ends)
         prev = self.ends[-1] if i0 else self.begin
-        new_ends = array("q", ends)
-        if new_ends[0] < prev:  # a clock that went backwards: never let a boundary precede the one before it
-            new_ends = array("q", accumulate(new_ends, max, initial=prev))
-            new_ends.pop(0)
-        if isinstance(waits, int):
+        if ends[0] < prev:  # a clock that went backwards: never let a boundary precede the one before it
+            ends = array("q", accumulate(ends, max, initial=prev))
+            ends.pop(0)
+        stall: Sequence[int]
+        if type(waits) is int:
             # Version 1: one total for the line, spread evenly; the first boundary's share of an
             # incarnation went to startup then, and still does (the same totals as before).
             share, rest = divmod(waits, n)
@@ -188,13 +194,13 @@ class Incarnation:
             if i0 == 0 and not self.continued:
                 stall[0] = 0
         else:
-            stall = array("q", waits)
+            stall = waits  # type: ignore[assignment]
             if len(stall) != n:
                 raise ValueError("one data wait per boundary")
-        folded = sum(count for _, count in extra)
+        folded = sum(count for _, count in extra) if extra else 0
         self._pieces_cache = None
         self.steps.extend(steps)
-        self.ends.extend(new_ends)
+        self.ends.extend(ends)
         self.stall.extend(stall)
         self.folded += folded
         if peak_flops is None:
@@ -212,11 +218,6 @@ class Incarnation:
     def n(self) -> int:
         """Step boundaries recorded."""
         return len(self.ends)
-
-    @property
-    def tag(self) -> str:
-        """The fencing tag this incarnation's lines carry."""
-        return fence_tag(self.start.id)
 
     @property
     def step_count(self) -> int:
@@ -369,8 +370,11 @@ class Timeline:
             if not self.incarnations:
                 self.orphan_records += 1
                 return
-            self._admit(obj)
-            self.incarnations[-1].add_boundaries(progress_fields(obj))
+            inc = self.incarnations[-1]
+            tag = obj.get("f")
+            if tag is not None and tag != inc.tag:
+                raise FencedLineError("written after another writer took the ledger over")
+            inc.add_boundaries(progress_fields(obj))
             return
         record = decode(obj)
         if self.incarnations and not isinstance(record, Start):
