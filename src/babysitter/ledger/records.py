@@ -45,7 +45,7 @@ import math
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, chain
 from typing import Literal, TypeGuard
 
 __all__ = [
@@ -289,13 +289,11 @@ def _progress_line(record: Progress, fence: str | None) -> bytes:
     head = f'{{"v":{SCHEMA_VERSION},"k":"prog","s":{first},"b0":{ends[0]},'
     if waits is not None and any(waits):
         _ints(waits, "data wait")
-        mixed = [waits[0]]
-        for delta, wait in zip(deltas, waits[1:], strict=True):
-            mixed += (delta, wait)
+        mixed = [waits[0], *chain.from_iterable(zip(deltas, waits[1:], strict=True))]
         parts = [head, f'"dd":[{_ints(mixed, "delta")}]']
     else:
         parts = [head, f'"d":[{_ints(deltas, "delta")}]']
-    if any(step != first + i for i, step in enumerate(steps)):
+    if list(steps) != list(range(first, first + len(steps))):
         parts.append(f',"ss":[{_ints(steps, "step")}]')
     else:
         _check(steps[-1], "step")

@@ -96,14 +96,18 @@ def _finite(x: float) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
+#: The largest number of seconds (a Unix time or a duration) the ledger holds in microseconds.
+_MAX_SECONDS = MAX_INT / 1e6
+
+
 def _time_ok(t: float) -> bool:
-    """A Unix time the ledger can hold (in range once in microseconds)."""
-    return _finite(t) and 0 <= t <= MAX_INT / 1e6
+    """A Unix time the ledger can hold (finite, in range once in microseconds; NaN fails both tests)."""
+    return (type(t) is float or type(t) is int) and 0 <= t <= _MAX_SECONDS
 
 
 def _us(seconds: float) -> int | None:
     """A non-negative duration in us, None when it is not one the ledger can hold."""
-    return to_us(seconds) if _finite(seconds) and 0 <= seconds <= MAX_INT / 1e6 else None
+    return to_us(seconds) if _time_ok(seconds) else None
 
 
 def _process_start_time(pid: int, *, fallback: float) -> float:
@@ -354,15 +358,20 @@ class LedgerWriter:
                 per, bad = None, True
             good: list[tuple[int, float]] = []
             waits: list[int] = []
+            limit = _MAX_SECONDS
             for i, (step, t) in enumerate(boundaries):
-                if not in_range(step) or not _time_ok(t):
+                # Inline checks (this runs once per step): an in-range int step, a finite in-range time.
+                if type(step) is not int or not 0 <= step <= MAX_INT or not _time_ok(t):
                     bad = True
                     continue
                 good.append((step, t))
                 if per is not None:
-                    wait = _us(per[i])
-                    bad = bad or wait is None
-                    waits.append(wait or 0)
+                    wait = per[i]
+                    if (type(wait) is float or type(wait) is int) and 0 <= wait <= limit:
+                        waits.append(round(wait * 1_000_000))
+                    else:
+                        bad = True
+                        waits.append(0)
             if not in_range(dropped):
                 dropped, bad = 0, True
             if bad:
@@ -573,7 +582,7 @@ class LedgerWriter:
                         data_wait=sum(waits),
                         model_flops=min(flops, MAX_FLOAT),
                         peak_flops=peak if changed else None,  # written only when it changes
-                        waits=tuple(min(w, MAX_INT) for w in waits),
+                        waits=tuple(waits),  # each checked in progress()
                         extra=tuple(extra),
                     )
                 )
