@@ -1,7 +1,7 @@
 """The in-process tracker: a hot path of plain field updates, and everything else off it.
 
 ``step()`` runs once per optimizer step on the training thread. It reads the host clock, adds a few
-integers, writes three slots of a preallocated ring and, on CUDA, records one event. It takes no
+integers, writes five slots of a preallocated ring and, on CUDA, records one event. It takes no
 lock, reads no tensor, does no I/O and cannot raise into training. A housekeeping thread (and every
 scrape) folds the ring into histograms, feeds the run ledger, reads the loss and CUDA events once
 they are ready, and computes windowed MFU.
@@ -26,6 +26,7 @@ from babysitter._setup import TrackerConfig
 from babysitter.catalog import train as T
 from babysitter.deferred import LossReader
 from babysitter.events import NullEvents, RunEvents
+from babysitter.ledger.records import MAX_INT as _MAX_STEP
 from babysitter.timing import CudaStepTimer
 
 __all__ = ["CheckpointHandle", "Tracker", "TrackerSnapshot"]
@@ -166,17 +167,20 @@ class Tracker:
         self._default_tokens = config.tokens_per_step or 0
         self._default_samples = config.samples_per_step or 0
         self._data_wait_ns = 0
+        self._stall_ns = 0  # the data wait outside checkpoints and phases: what the ledger books
         self._pause_ns = 0
         self._loss: object = None
         self._r_t = [0] * _RING
         self._r_tok = [0] * _RING
         self._r_pause = [0] * _RING
         self._r_step = [0] * _RING
+        self._r_wait = [0] * _RING
         # --- folded state: guarded by _lock (housekeeping thread and scrapes) ---
         self._lock = threading.Lock()
         self._folded = 0
         self._fold_tokens = 0
         self._fold_data_wait_ns = 0
+        self._fold_stall_ns = 0
         self._step_hist = Histogram(T.STEP_BUCKETS)
         self._save_hist: Histogram | None = None
         self._load_hist: Histogram | None = None
@@ -241,6 +245,7 @@ class Tracker:
             self._r_tok[j] = self._tokens
             self._r_pause[j] = self._pause_ns
             self._r_step[j] = self._step
+            self._r_wait[j] = self._stall_ns
             if self._timer is not None:
                 self._timer.mark(n)
             self._n = n + 1
@@ -250,6 +255,8 @@ class Tracker:
     def data(self, iterable: Iterable[Item]) -> Iterator[Item]:
         """Yield from ``iterable``, counting the time spent blocked waiting for each item.
 
+        The ledger books the wait on the step it falls in; a wait inside a checkpoint or a phase (an
+        eval loop fed through ``data()``) is already that interval's badput and is not booked again.
         The loader's own exceptions propagate unchanged: they belong to the training script.
         """
         iterator = iter(iterable)
@@ -259,14 +266,20 @@ class Tracker:
                 item = next(iterator)
             except StopIteration:
                 return
-            self._data_wait_ns += _perf_ns() - t0
+            wait = _perf_ns() - t0
+            self._data_wait_ns += wait
+            if not self._active_pauses:
+                self._stall_ns += wait
             yield item
 
     def add_data_wait(self, seconds: float) -> None:
         """Add input-pipeline wait measured elsewhere (a framework callback that cannot wrap the
         loader). Never raises; a negative or non-float value is skipped and counted."""
-        if seconds.__class__ is float and seconds >= 0.0:
-            self._data_wait_ns += int(seconds * 1e9)
+        if seconds.__class__ is float and 0.0 <= seconds < 1e9:
+            wait = int(seconds * 1e9)
+            self._data_wait_ns += wait
+            if not self._active_pauses:
+                self._stall_ns += wait
         else:
             self.rejected.record("data_wait_invalid", f"seconds={seconds!r}")
 
@@ -304,6 +317,9 @@ class Tracker:
         if step.__class__ is not int:
             self.rejected.record("step_not_int", f"step={step!r}")
             self._step += 1
+        elif not 0 <= step <= _MAX_STEP:
+            self.rejected.record("step_out_of_range", f"step={step!r} is not in [0, 2**53)")
+            self._step += 1
         elif step <= self._step and self._n > 0:  # type: ignore[operator, unused-ignore]
             self.rejected.record("step_not_increasing", f"step {step} after {self._step}")
             self._step += 1
@@ -335,8 +351,8 @@ class Tracker:
     def _checked_step(self, step: int | None) -> int:
         if step is None:
             return self._step
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= _MAX_STEP:
+            raise ValueError(f"step must be an int in [0, 2**53), got {step!r}")
         return step
 
     def _checkpoint_begin(self, handle: CheckpointHandle) -> None:
@@ -361,7 +377,7 @@ class Tracker:
             self._pause_ns += elapsed_ns
             seconds = elapsed_ns / 1e9
             nbytes = handle.nbytes
-            if nbytes is not None and (nbytes.__class__ is not int or nbytes < 0):
+            if nbytes is not None and (nbytes.__class__ is not int or not 0 <= nbytes <= _MAX_STEP):
                 self.rejected.record("checkpoint_nbytes_invalid", f"nbytes={nbytes!r}")
                 nbytes = None
             with self._lock:
@@ -427,11 +443,18 @@ class Tracker:
     def _fold_locked(self) -> None:
         n = self._n
         start = self._folded
+        dropped = 0
         if n - start > _RING:
-            self.errors.record("ring_overrun", f"{n - start - _RING} step boundaries not folded")
+            # More steps than the ring holds since the last fold (~65k steps per flush interval): the
+            # oldest boundaries are gone, but not their count or their time, which the ledger folds
+            # into the first boundary kept (cumulative waits make its data wait exact too).
+            dropped = n - start - _RING
+            self.errors.record("ring_overrun", f"{dropped} step boundaries not folded one by one")
             start = n - _RING
-        r_t, r_pause, r_step = self._r_t, self._r_pause, self._r_step
+        r_t, r_pause, r_step, r_wait = self._r_t, self._r_pause, self._r_step, self._r_wait
         boundaries: list[tuple[int, float]] = []
+        waits: list[float] = []
+        stall = self._fold_stall_ns
         oldest = max(0, n - _RING)
         for i in range(start, n):
             j = i & _MASK
@@ -440,6 +463,8 @@ class Tracker:
                 active_ns = (r_t[j] - r_t[k]) - (r_pause[j] - r_pause[k])
                 self._step_hist.observe(max(active_ns, 0) / 1e9)
             boundaries.append((r_step[j], self._wall(r_t[j])))
+            waits.append((r_wait[j] - stall) / 1e9)
+            stall = r_wait[j]
         self._folded = n
         if self._timer is not None:
             for seconds in self._timer.drain():
@@ -454,11 +479,14 @@ class Tracker:
                     data_wait_seconds=(data_wait_ns - self._fold_data_wait_ns) / 1e9,
                     model_flops=self._share((tokens - self._fold_tokens) * flops) if flops else 0.0,
                     peak_flops=self.config.peak.flops_per_second,
+                    data_waits=waits,
+                    dropped=dropped,
                 )
             except Exception as exc:
                 self.errors.record("ledger", exc)
             self._fold_tokens = tokens
             self._fold_data_wait_ns = data_wait_ns
+            self._fold_stall_ns = stall
 
     def _window_rate(self) -> float | None:
         """Tokens per second of active (non-paused) time over the sliding window; None if unknown.

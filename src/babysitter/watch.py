@@ -63,8 +63,9 @@ def watch(
     """Start tracking this training process and serve its metrics.
 
     Arguments are checked here, so a mistake fails before training starts. What the environment
-    gets wrong later (a taken port, an unwritable directory, a full disk) never does: it is logged
-    once and counted in ``babysitter_internal_errors_total``.
+    gets wrong later never does: it is logged once and counted, a full disk under the ledger in
+    ``babysitter_ledger_write_errors_total`` (its records are kept and retried), the rest (a taken
+    port, an unwritable registration directory) in ``babysitter_internal_errors_total``.
 
     Args:
         model: a torch module (with a Hugging Face ``.config`` for FLOPs from the architecture) or a
