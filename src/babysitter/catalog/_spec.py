@@ -21,7 +21,7 @@ from prometheus_client.core import (
 __all__ = ["Kind", "MetricSpec"]
 
 Kind = Literal["counter", "gauge", "histogram", "info"]
-Source = Literal["tracker", "node", "probe", "self"]
+Source = Literal["tracker", "node", "probe", "self", "remediate"]
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,10 @@ class GenerateConfig:
     #: How long throttling must be sustained before warning.
     throttle_for: str = "15m"
 
+    # --- remediation (babysitter remediate) ---------------------------------------------------------
+    #: Window in which a failed remediation action, or a refusal by the drain cap or rate limit, pages.
+    remediation_window: str = "15m"
+
     # --- loss -------------------------------------------------------------------------------------
     #: Window in which a non-finite loss fires.
     nonfinite_window: str = "10m"
@@ -226,6 +230,7 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         throttle_window="30s",
         throttle_for="15s",
         nonfinite_window="1m",
+        remediation_window="1m",
     )
 
 
