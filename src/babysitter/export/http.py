@@ -46,8 +46,9 @@ class Endpoint:
 
     @property
     def url(self) -> str:
-        """The URL to scrape (loopback when bound to all addresses)."""
-        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.addr, self.addr)
+        """The URL to scrape: the address bound (a name resolved), loopback when bound to all."""
+        bound = self._server.address
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(bound, bound)
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         scheme = "https" if self.tls else "http"

@@ -123,7 +123,10 @@ class MetricsServer:
             self._listener.close()
             raise
         self.host = host
-        self.port = int(self._listener.getsockname()[1])
+        bound = self._listener.getsockname()
+        #: The literal address bound (``host`` may be a name).
+        self.address = str(bound[0])
+        self.port = int(bound[1])
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
