@@ -254,13 +254,13 @@ def _drip(conn: socket.socket, stopped: threading.Event) -> None:
 
 
 def test_drip_feeding_endpoints_do_not_hide_the_others(reg: Path) -> None:
-    """Twelve endpoints that send headers, then a byte every 0.2 s forever: each fetch is cut at its
+    """Twelve endpoints that send headers, then a byte every 0.2 s forever: each fetch is cut at its 2 s
     total deadline, every scrape completes, and the honest trainer is served each time."""
     drips = [RawServer(_drip) for _ in range(12)]
     for i, drip in enumerate(drips):
         drip.register(reg, f"drip{i}")
     honest = Trainer(reg, "honest", 0, 7)
-    agent = Agent([TrainersCollector(reg, timeout=1.0)], collector_timeout=10.0)
+    agent = Agent([TrainersCollector(reg, timeout=2.0)], collector_timeout=10.0)
     results: list[Scrape] = []
     worker = threading.Thread(target=lambda: results.extend(Scrape(agent.collect()) for _ in range(2)))
     try:
