@@ -266,17 +266,9 @@ class _Demo:
             ],
             env={**os.environ, "PATH": str(no_scheduler)},
         )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while not port_file.exists():
-            if proc.poll() is not None:
-                raise StackError(
-                    f"babysitter remediate exited: {self.stack.log_path('remediate').read_text()[-1500:]}"
-                )
-            if time.monotonic() > deadline:
-                raise StackError("babysitter remediate did not start in 60 s")
-            time.sleep(0.1)
+        address = self._address("remediate", proc, port_file, "babysitter remediate")
         self.audit = AuditTail(audit)
-        self.remediate_url = f"http://{port_file.read_text().strip()}/alerts"
+        self.remediate_url = f"http://{address}/alerts"
         return self.remediate_url
 
     def show_remediations(self) -> None:
@@ -334,16 +326,18 @@ class _Demo:
                 "--gpu-job-dir", str(jobs_dir),
             ],
         )  # fmt: skip
-        deadline = time.monotonic() + 60
+        self.agent_address = self._address("node-agent", proc, port_file, "node agent")
+
+    def _address(self, name: str, proc: Any, port_file: Path, what: str, timeout: float = 60.0) -> str:
+        """The HOST:PORT a process writes into ``port_file`` once it serves; StackError if it dies first."""
+        deadline = time.monotonic() + timeout
         while not port_file.exists():
             if proc.poll() is not None:
-                raise StackError(
-                    f"node agent exited: {self.stack.log_path('node-agent').read_text()[-1500:]}"
-                )
+                raise StackError(f"{what} exited: {self.stack.log_path(name).read_text()[-1500:]}")
             if time.monotonic() > deadline:
-                raise StackError("node agent did not start in 60 s")
+                raise StackError(f"{what} did not start in {timeout:g} s")
             time.sleep(0.1)
-        self.agent_address = port_file.read_text().strip()
+        return port_file.read_text().strip()
 
     def start_trainer(self) -> None:
         self.stack.start(

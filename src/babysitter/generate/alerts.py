@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from babysitter.catalog import MetricSpec
 from babysitter.catalog import goodput as G
@@ -782,14 +783,17 @@ def _trainer_fetches(cfg: GenerateConfig, r: Records) -> list[Alert]:
     """The node agent's own view of the trainers it serves: endpoints it cannot fetch, registrations it
     refuses (docs/security.md), when they keep failing."""
     ns, c, w, f = cfg.node_selector, cfg.cluster_label, cfg.trainer_failing_window, cfg.trainer_failing_for
-    key = f"sum by ({c}, instance, reason)"
     errors, skipped = N.TRAINER_SCRAPE_ERRORS, N.TRAINER_REGISTRATIONS_SKIPPED
-    fetch = Alert(
-        name="NodeTrainerFetchFailing",
-        # A counter series appears with its first failure: new_or_increased counts that one too.
-        expr=f"{key} (\n  {new_or_increased(select(errors, ns), w)}\n)",
-        severity="warning",
-        component="node",
+
+    def keeps_growing(name: str, counter: str, **text: Any) -> Alert:
+        """A warning per host and reason while ``counter`` grew in every ``w`` for ``f`` (a counter
+        series appears with its first failure: new_or_increased counts that one too)."""
+        expr = f"sum by ({c}, instance, reason) (\n  {new_or_increased(counter, w)}\n)"
+        return Alert(name=name, expr=expr, severity="warning", component="node", for_=f, **text)
+
+    fetch = keeps_growing(
+        "NodeTrainerFetchFailing",
+        select(errors, ns),
         summary=f"Trainer endpoints on {_l('instance')} keep failing: {_l('reason')}.",
         description=(
             f"The node agent on {_l('instance')} (cluster {_l(c)}) failed {_V} fetches of registered trainer "
@@ -797,7 +801,6 @@ def _trainer_fetches(cfg: GenerateConfig, r: Records) -> list[Alert]:
             f"metrics are missing, so their stall, MFU and goodput alerts are blind; "
             f"{errors.name} names the run and rank."
         ),
-        for_=f,
         test=AlertTest(
             series=(
                 # n1: rank 0 of r1 times out at every scrape from 5m on (its series appears then).
@@ -825,21 +828,17 @@ def _trainer_fetches(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
-    refused = select(skipped, ns, regex("reason", ("dead",), negate=True))
-    registration = Alert(
-        name="NodeTrainerRegistrationSkipped",
+    registration = keeps_growing(
+        "NodeTrainerRegistrationSkipped",
         # Each bad file is counted once, so growth means new ones keep coming; dead registrations (a
         # trainer that exited) are the normal churn of jobs ending, not a fault.
-        expr=f"{key} (\n  {new_or_increased(refused, w)}\n)",
-        severity="warning",
-        component="node",
+        select(skipped, ns, regex("reason", ("dead",), negate=True)),
         summary=f"The node agent on {_l('instance')} keeps refusing trainer registrations: {_l('reason')}.",
         description=(
             f"The node agent on {_l('instance')} (cluster {_l(c)}) refused {_V} new trainer registrations as "
             f"{_l('reason')} in the last {w}, and new ones have kept coming for {f}. Those trainers are not "
             f"served, so their runs look absent to Prometheus; docs/security.md says what each reason means."
         ),
-        for_=f,
         test=AlertTest(
             series=(
                 # n1: a tracker restarted in a loop registers as another user's directory every minute.
