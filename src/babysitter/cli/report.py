@@ -131,13 +131,15 @@ def _utc(t: float) -> str:
 def render_table(summary: RunSummary, console: Any = None) -> None:
     """Print the goodput tables with rich (to ``console``, default stdout)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     console = console or Console()
     t = summary.totals
     console.print(
-        f"[bold]{summary.run}[/bold]  state [bold]{summary.state}[/bold]  wall {_dur(t.wall_seconds)}  "
-        f"goodput [bold]{t.goodput:.1%}[/bold]  restarts {t.restarts}  "
+        f"[bold]{escape(summary.run)}[/bold]  state [bold]{summary.state}[/bold]  "
+        f"wall {_dur(t.wall_seconds)}  goodput [bold]{t.goodput:.1%}[/bold]  restarts {t.restarts}  "
         f"checkpoints {summary.checkpoints_ok} saved / {summary.checkpoints_failed} failed"
     )
     if summary.at_risk_seconds > 0:
@@ -186,7 +188,7 @@ def render_table(summary: RunSummary, console: Any = None) -> None:
         steps = "-" if inc.first_step is None else f"{inc.first_step}..{inc.last_step}"
         incs.add_row(
             str(inc.index),
-            inc.host,
+            Text(inc.host),  # from the ledger file: never markup
             str(inc.pid),
             _utc(inc.start),
             _dur(inc.end - inc.start),
