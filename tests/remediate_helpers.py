@@ -123,10 +123,11 @@ class RecordingBackend:
     def requeue(self, job: str, reason: str, *, dry_run: bool, alert: Any = None) -> Outcome:
         return self._do("requeue", job, dry_run)
 
-    def annotate(
-        self, host: str | None, job: str | None, text: str, *, dry_run: bool, alert: Any = None
-    ) -> Outcome:
-        return self._do("annotate", host or job or "", dry_run)
+    def annotate_host(self, host: str, text: str, *, dry_run: bool, alert: Any = None) -> Outcome:
+        return self._do("annotate", host, dry_run)
+
+    def annotate_job(self, job: str, text: str, *, dry_run: bool, alert: Any = None) -> Outcome:
+        return self._do("annotate", job, dry_run)
 
 
 # ------------------------------------------------------------------------------------------ Slurm

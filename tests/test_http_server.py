@@ -6,6 +6,7 @@ import gzip
 import socket
 import ssl
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from babysitter.export.server import MetricsServer, tls_context
+from babysitter.export.server import MetricsServer, Request, Response, tls_context
 from node_helpers import wait_for
 
 
@@ -131,3 +132,70 @@ def test_tls_context_names_the_missing_file(tmp_path: Path) -> None:
     """A missing certificate is an error naming it, before anything is served."""
     with pytest.raises(OSError, match=r"nope\.pem"):
         tls_context(str(tmp_path / "nope.pem"), str(tmp_path / "nope.key"))
+
+
+class _Echo:
+    """A handler that refuses heads without ``X-Key: k``, echoes POST bodies, leaves GET to metrics."""
+
+    max_body = 64 * 1024
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    def check(self, request: Request) -> Response | None:
+        if request.method == "POST" and request.headers.get("x-key") != "k":
+            return Response(401, b"no\n")
+        return None
+
+    def answer(self, request: Request) -> Response | None:
+        if request.method != "POST":
+            return None
+        self.bodies.append(request.body)
+        return Response(200, b"got " + str(len(request.body)).encode() + b"\n")
+
+
+@pytest.fixture(name="echo")
+def _echo() -> Iterator[tuple[MetricsServer, _Echo]]:
+    handler = _Echo()
+    server = MetricsServer(
+        _registry(), "127.0.0.1", 0, request_timeout=0.5, max_connections=4, handler=handler
+    ).start()
+    yield server, handler
+    server.close()
+
+
+def test_a_handler_gets_the_body_however_it_is_split(echo: tuple[MetricsServer, _Echo]) -> None:
+    """A POST body sent in pieces after its head reaches the handler whole; GET still serves metrics."""
+    server, handler = echo
+    body = bytes(range(256)) * 100
+    with _connect(server) as sock:
+        sock.sendall(b"POST /x HTTP/1.1\r\nX-Key: k\r\nContent-Length: 25600\r\n\r\n" + body[:10])
+        time.sleep(0.05)
+        sock.sendall(body[10:9000])
+        time.sleep(0.05)
+        sock.sendall(body[9000:])
+        answer = b"".join(iter(lambda: sock.recv(65536), b""))
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"got 25600\n")
+    assert handler.bodies == [body]
+    assert b"alpha 1.0" in _raw(server, b"GET /metrics HTTP/1.1\r\n\r\n")
+
+
+def test_a_handler_refuses_heads_and_bodies_it_will_not_read(echo: tuple[MetricsServer, _Echo]) -> None:
+    """Refused by check(), too large, chunked or of no plain length: answered on the head, the body
+    never reaches the handler; a client still sending the body it declared gets the answer (not a
+    reset); a body that stops short is cut at the request deadline."""
+    server, handler = echo
+    assert _raw(server, b"POST /x HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc").startswith(b"HTTP/1.1 401 ")
+    big = 200 * 1024
+    too_large = b"POST /x HTTP/1.1\r\nX-Key: k\r\nContent-Length: %d\r\n\r\n" % big + b"x" * big
+    assert _raw(server, too_large).startswith(b"HTTP/1.1 413 ")
+    chunked = b"POST /x HTTP/1.1\r\nX-Key: k\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    assert _raw(server, chunked).startswith(b"HTTP/1.1 411 ")
+    assert _raw(server, b"POST /x HTTP/1.1\r\nX-Key: k\r\nContent-Length: -1\r\n\r\n").startswith(
+        b"HTTP/1.1 411 "
+    )
+    with _connect(server) as sock:
+        sock.sendall(b"POST /x HTTP/1.1\r\nX-Key: k\r\nContent-Length: 100\r\n\r\nonly this")
+        assert sock.recv(1) == b""  # cut at the deadline, no answer
+    assert handler.bodies == []
+    wait_for(lambda: server.connections == 0)

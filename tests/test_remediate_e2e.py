@@ -1,12 +1,14 @@
 """End to end on a real Slurm cluster: an Xid 79 on the node a tracked training runs on is detected by
 the real rules in a real Prometheus, routed by a real Alertmanager to ``babysitter remediate``, which
 drains the node (sinfo shows DRAIN with the reason) and requeues the job; Slurm runs it again on the
-other node, where it resumes from its last checkpoint, and the remediation is written next to its ledger.
+other node, where it resumes from its last checkpoint, and the remediation is written next to its ledger,
+where ``babysitter report`` reads it: the restart's cause, its time to detect and its time to recover.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -122,6 +124,7 @@ def test_xid79_drains_the_node_and_the_job_resumes_elsewhere(tmp_path: Path) -> 
                 "--trainer-timeout",
                 "0.5",
             ]
+            agent_started = time.time()
             procs.append(
                 subprocess.Popen(
                     agent_argv, stdout=(tmp_path / "agent.log").open("wb"), stderr=subprocess.STDOUT
@@ -218,14 +221,56 @@ def test_xid79_drains_the_node_and_the_job_resumes_elsewhere(tmp_path: Path) -> 
                 while "on n2" not in out.read_text():
                     assert time.monotonic() < deadline, out.read_text()[-2000:]
                     time.sleep(1)
+                resumed_seen = time.time()
                 resumed = [line for line in out.read_text().splitlines() if line.startswith("resume")]
                 assert resumed[0] == "resume 0 on n1"
                 assert int(resumed[1].split()[1]) >= 20 and resumed[1].endswith("on n2")
                 notes = [
                     json.loads(line) for line in (run_dir / "remediations.jsonl").read_text().splitlines()
                 ]
-                assert notes[0]["cause"] == f"remediated: drained host n1 after Xid 79, requeued job {job}"
+                cause = f"remediated: drained host n1 after Xid 79, requeued job {job}"
+                assert notes[0]["cause"] == cause
                 assert notes[0]["resume_step"] >= 20
+                # The report ties the note to the restart: cause, time to detect, time to recover.
+                deadline = time.monotonic() + 30
+                while True:
+                    report = json.loads(
+                        subprocess.run(
+                            [sys.executable, "-m", "babysitter", "report", str(run_dir), "--json"],
+                            capture_output=True,
+                            check=True,
+                            timeout=60,
+                        ).stdout
+                    )
+                    restarts = report["restart_list"]
+                    if restarts and restarts[0]["time_to_recover_seconds"] is not None:
+                        break
+                    assert time.monotonic() < deadline, report
+                    time.sleep(1)
+                assert report["restarts"] == 1 and len(restarts) == 1
+                restart = restarts[0]
+                assert restart["cause"] == cause and restart["remediated"] is True
+                assert restart["remediation"]["alert"] == "GpuXidCritical"
+                # The alert started after the Xid was injected and before the remediator acted.
+                alert_start = restart["remediation"]["alert_start"]
+                assert agent_started + XID_AT - 1 <= alert_start <= notes[0]["t"]
+                assert restart["time_to_detect_seconds"] == pytest.approx(notes[0]["t"] - alert_start)
+                assert 0 < restart["time_to_detect_seconds"] < 60
+                # Recovered when the requeued job's first step on n2 ended: after the action (which
+                # came before the job said it resumed there), and before now.
+                first_step = notes[0]["t"] + restart["time_to_recover_seconds"]
+                assert notes[0]["t"] < resumed_seen and notes[0]["t"] < first_step < time.time()
+                assert restart["downtime_seconds"] > 0
+                assert report["badput_seconds"]["downtime"] == pytest.approx(restart["downtime_seconds"])
+                assert report["remediations"][0]["restart"] == 1
+                table = subprocess.run(
+                    [sys.executable, "-m", "babysitter", "report", str(run_dir)],
+                    capture_output=True,
+                    check=True,
+                    timeout=60,
+                    env={**os.environ, "COLUMNS": "250"},
+                ).stdout.decode()
+                assert "Restarts" in table and cause in table
         finally:
             for proc in procs:
                 proc.terminate()

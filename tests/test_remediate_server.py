@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import ssl
@@ -16,11 +17,11 @@ from typing import Any
 
 import pytest
 
+from babysitter.export.server import tls_context
 from babysitter.remediate.audit import AuditLog
 from babysitter.remediate.engine import Remediator
 from babysitter.remediate.policy import parse_policy
 from babysitter.remediate.server import WebhookServer
-from babysitter.remediate.tls import server_context
 from remediate_helpers import RecordingBackend, alert, payload
 
 TOKEN = "webhook-token-0123456789"  # noqa: S105 - a test token
@@ -89,7 +90,7 @@ def test_bodies_are_bounded_and_checked(served: tuple[WebhookServer, RecordingBa
     assert post(server.url, json.dumps({"alerts": "no"}).encode(), auth) == 400
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
         sock.sendall(f"POST /alerts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
-        assert sock.recv(100).startswith(b"HTTP/1.0 411")
+        assert re.match(rb"HTTP/1\.[01] 411 ", sock.recv(100))
     assert post(f"http://127.0.0.1:{server.port}/other", good_body(), auth) == 404
     assert server.notifications["rejected"] == 4 and backend.calls == []
 
@@ -114,6 +115,38 @@ def test_slow_clients_are_cut_off_and_others_served(served: tuple[WebhookServer,
         sock.close()
     assert closed == 8 and time.monotonic() - start < 8
     assert post(server.url, good_body(), {"Authorization": f"Bearer {TOKEN}"}) == 200
+
+
+def test_idle_connections_cannot_lock_alertmanager_out(
+    served: tuple[WebhookServer, RecordingBackend],
+) -> None:
+    """With max_connections idle connections held open (a slowloris), a notification is still served
+    at once: the oldest idle connection makes room, the receiver does not turn the newcomer away."""
+    server, backend = served
+    idle = []
+    try:
+        for _ in range(4):  # the fixture's max_connections
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            sock.sendall(b"POST /alerts HTTP/1.1\r\n")
+            idle.append(sock)
+        time.sleep(0.2)  # the receiver holds all four
+        assert post(server.url, good_body(), {"Authorization": f"Bearer {TOKEN}"}) == 200
+        assert server.wait_idle(10)
+        assert backend.calls == [("drain", "n1", False)]
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_the_body_of_an_unauthenticated_request_is_never_read(
+    served: tuple[WebhookServer, RecordingBackend],
+) -> None:
+    """A POST without the token that declares a 1 MiB body is answered 401 on its head alone."""
+    server, _ = served
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(b"POST /alerts HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
+        assert re.match(rb"HTTP/1\.[01] 401 ", sock.recv(100))
+    assert server.counts()["unauthorized"] == 1
 
 
 def _openssl(tmp: Path) -> tuple[Path, Path]:
@@ -146,7 +179,7 @@ def test_mutual_tls(tmp_path: Path) -> None:
     """With a client CA the receiver speaks HTTPS only and wants a client certificate it signed."""
     cert, key = _openssl(tmp_path)
     backend = RecordingBackend(["n1"])
-    context = server_context(str(cert), str(key), str(cert))
+    context = tls_context(str(cert), str(key), str(cert))
     server = WebhookServer(remediator(tmp_path, backend), "127.0.0.1", 0, ssl_context=context).start()
     try:
         assert server.url.startswith("https://")

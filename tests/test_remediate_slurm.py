@@ -138,7 +138,7 @@ def test_resubmit_for_jobs_that_cannot_be_requeued(cluster: SlurmCluster, tmp_pa
 def test_annotate_sets_the_node_comment(cluster: SlurmCluster) -> None:
     """annotate: the node's Comment, nothing else changes."""
     backend = SlurmBackend(SlurmOptions())
-    assert backend.annotate("n4", None, REASON_PREFIX + "GPU 2 throttled", dry_run=False).ok
+    assert backend.annotate_host("n4", REASON_PREFIX + "GPU 2 throttled", dry_run=False).ok
     out = cluster.run("scontrol", "-o", "show", "node", "n4").stdout
     assert "Comment=babysitter: GPU 2 throttled" in out
     assert cluster.states()["n4"] == "idle"

@@ -109,9 +109,9 @@ def _main(args: argparse.Namespace) -> int:
         if args.tls_cert or args.tls_key:
             if not (args.tls_cert and args.tls_key):
                 raise ValueError("--tls-cert and --tls-key go together")
-            from babysitter.remediate.tls import server_context
+            from babysitter.export.server import tls_context
 
-            context = server_context(args.tls_cert, args.tls_key, args.tls_client_ca)
+            context = tls_context(args.tls_cert, args.tls_key, args.tls_client_ca)
         elif args.tls_client_ca:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
     except (PolicyError, ValueError, OSError) as exc:

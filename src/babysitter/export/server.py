@@ -13,6 +13,12 @@ arrive.
 HTTP/1.1 with ``Connection: close``, GET and HEAD; the body is what prometheus_client renders for
 the Accept header (text or OpenMetrics), gzip when the client accepts it, ``name[]`` filtering.
 
+A :class:`Handler` (the remediator's webhook) adds other paths and methods: it sees each request head
+in the selector thread first and may answer it at once (a missing token, a length it will not take)
+before a byte of the body is read; a body is read only with a ``Content-Length`` of at most the
+handler's ``max_body``, within the same request deadline as the head, and then the handler answers
+in a worker (or leaves the request to the metrics).
+
 After ``os.fork()`` the child holds copies of the server's sockets: they are closed in the child
 (without a shutdown, which would stop the parent's socket too), and the child's server is inert.
 """
@@ -32,18 +38,21 @@ import ssl
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-__all__ = ["MetricsServer", "tls_context"]
+__all__ = ["Handler", "MetricsServer", "Request", "Response", "tls_context"]
 
 log = logging.getLogger("babysitter")
 
 _MAX_REQUEST_BYTES = 8192
+#: An early answer's connection stays open this long (at most) to swallow the body it declined.
+_LINGER_SECONDS = 2.0
+_LINGER_BYTES = 4 * 1024 * 1024
 _ACCEPT_PAUSE = 0.1  # seconds the listener rests when the process has no descriptor left at all
 _LIVE: weakref.WeakSet[MetricsServer] = weakref.WeakSet()
 
@@ -68,19 +77,71 @@ def tls_context(certfile: str, keyfile: str, client_cafile: str | None = None) -
     return context
 
 
+@dataclass(frozen=True)
+class Request:
+    """One request: its method, target (path and query), headers (names lower-cased) and body (empty
+    until read; a head seen by :meth:`Handler.check` has none yet)."""
+
+    method: str
+    target: str
+    headers: dict[str, str]
+    body: bytes = b""
+
+    @property
+    def path(self) -> str:
+        """The target without its query."""
+        return urlsplit(self.target).path
+
+    @property
+    def content_length(self) -> int | None:
+        """The declared body length; None when absent or not a plain non-negative integer."""
+        text = self.headers.get("content-length", "")
+        return int(text) if text.isdigit() and len(text) <= 18 else None
+
+
+@dataclass(frozen=True)
+class Response:
+    """What to answer."""
+
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def encode(self, *, head: bool = False) -> bytes:
+        """The bytes on the wire (``Connection: close``)."""
+        return _response(
+            self.status, self.body, content_type=self.content_type, extra=self.headers, head=head
+        )
+
+
+class Handler(Protocol):
+    """Requests besides the metrics: :meth:`check` sees each head in the selector thread (it must not
+    block), :meth:`answer` each complete request in a worker thread."""
+
+    #: Largest body read; a request that declares more is answered 413 without reading it.
+    max_body: int
+
+    def check(self, request: Request) -> Response | None:
+        """A response to send at once, without reading the body; None to go on."""
+        ...
+
+    def answer(self, request: Request) -> Response | None:
+        """The response to a complete request; None to serve the metrics."""
+        ...
+
+
 @dataclass
 class _Conn:
     sock: socket.socket
     deadline: float
     handshaking: bool
     buf: bytearray = field(default_factory=bytearray)
-
-
-@dataclass(frozen=True)
-class _Request:
-    method: str
-    target: str
-    headers: dict[str, str]
+    #: The parsed head and the buffer length at which its body is complete (reading the body).
+    request: Request | None = None
+    need: int = 0
+    #: Answered early: bytes of the unread body still to discard before closing (see _linger).
+    discard: int = 0
 
 
 class MetricsServer:
@@ -102,12 +163,16 @@ class MetricsServer:
         request_timeout: float = 10.0,
         write_timeout: float = 30.0,
         name: str = "babysitter-http",
+        handler: Handler | None = None,
     ) -> None:
         if workers < 1 or max_connections < 1 or max_queued < 1:
             raise ValueError("workers, max_connections and max_queued must be >= 1")
         if not (request_timeout > 0 and write_timeout > 0):
             raise ValueError("request and write timeouts must be positive")
         self.registry = registry
+        self.handler = handler
+        #: TLS handshakes that failed (no or a bad client certificate, plain HTTP on a TLS port).
+        self.tls_failures = 0
         self._ssl = ssl_context
         self._max_connections = max_connections
         self._request_timeout = request_timeout
@@ -136,7 +201,7 @@ class MetricsServer:
         self._waiting: collections.OrderedDict[int, _Conn] = collections.OrderedDict()
         self._busy: set[socket.socket] = set()
         self._busy_lock = threading.Lock()
-        self._queue: queue.Queue[tuple[socket.socket, _Request] | None] = queue.Queue(max_queued)
+        self._queue: queue.Queue[tuple[socket.socket, Request] | None] = queue.Queue(max_queued)
         self._listener_paused_until = 0.0
         self._stopped = threading.Event()
         self._forked = False
@@ -245,6 +310,9 @@ class MetricsServer:
             self._drop(conn)
 
     def _readable(self, conn: _Conn) -> None:
+        if conn.discard:
+            self._swallow(conn)
+            return
         try:
             if conn.handshaking:
                 try:
@@ -255,6 +323,9 @@ class MetricsServer:
                 except ssl.SSLWantWriteError:
                     self._selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
                     return
+                except ssl.SSLError:
+                    self.tls_failures += 1
+                    raise
                 conn.handshaking = False
                 self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
             while True:
@@ -266,24 +337,117 @@ class MetricsServer:
                     self._drop(conn)
                     return
                 conn.buf += chunk
+                if conn.request is not None:  # reading the body
+                    if len(conn.buf) >= conn.need:
+                        body = bytes(conn.buf[conn.need - (conn.request.content_length or 0) : conn.need])
+                        self._dispatch(conn, replace(conn.request, body=body))
+                        return
+                    continue
                 end = conn.buf.find(b"\r\n\r\n")
                 if end > _MAX_REQUEST_BYTES or (end < 0 and len(conn.buf) > _MAX_REQUEST_BYTES):
                     self._drop(conn)
                     return
                 if end >= 0:
-                    self._dispatch(conn, bytes(conn.buf[:end]))
+                    self._head(conn, bytes(conn.buf[:end]), end + 4)
                     return
         except (OSError, ValueError):
             self._drop(conn)
 
-    def _dispatch(self, conn: _Conn, head: bytes) -> None:
-        self._forget(conn)
+    def _head(self, conn: _Conn, head: bytes, body_at: int) -> None:
+        """A complete head: answer at once, read its body, or hand it to a worker."""
         request = _parse(head)
+        if request is None:
+            self._refuse(conn, Response(400, b"bad request\n"))
+            return
+        handler = self.handler
+        if handler is None:
+            self._dispatch(conn, request)  # GET and HEAD take no body; anything else is 405
+            return
+        try:
+            early = handler.check(request)
+        except Exception as exc:
+            self._log_once(f"check:{type(exc).__name__}", f"checking a request failed: {exc!r}")
+            early = Response(500, b"error\n")
+        if early is not None:
+            self._refuse(conn, early, request)
+            return
+        length = request.content_length
+        if "transfer-encoding" in request.headers or (length is None and "content-length" in request.headers):
+            self._refuse(conn, Response(411, b"a body needs a plain Content-Length\n"), request)
+            return
+        if not length:
+            self._dispatch(conn, request)
+            return
+        if length > handler.max_body:
+            self._refuse(conn, Response(413, b"body too large\n"), request)
+            return
+        conn.request, conn.need = request, body_at + length
+        if len(conn.buf) >= conn.need:
+            self._dispatch(conn, replace(request, body=bytes(conn.buf[body_at : conn.need])))
+        # else: the selector goes on reading into conn.buf until need, within the same deadline
+
+    def _refuse(self, conn: _Conn, response: Response, request: Request | None = None) -> None:
+        """Answer from the selector thread without reading the body (a small response, a short deadline).
+
+        A client still sending the declined body would get a reset instead of the answer if the
+        socket closed on unread data, so the connection lingers: half-closed, its body read and
+        dropped, for at most ``_LINGER_SECONDS`` and ``_LINGER_BYTES``, still counted among the
+        waiting connections (evictable, like any).
+        """
+        self._forget(conn)
+        pending = 0
+        if request is not None and request.method not in ("GET", "HEAD"):
+            declared = request.content_length
+            pending = _LINGER_BYTES if declared is None else min(declared, _LINGER_BYTES)
+            pending -= len(conn.buf) - conn.buf.find(b"\r\n\r\n") - 4
         with self._busy_lock:
             self._busy.add(conn.sock)
-        if request is None:
-            self._finish(conn.sock, _response(400, b"bad request\n"), deadline=_short())
+        if pending <= 0:
+            self._finish(conn.sock, response.encode(), deadline=_short())
             return
+        sent = self._send(conn.sock, response.encode(), deadline=_short())
+        with self._busy_lock:
+            self._busy.discard(conn.sock)
+        if not sent:
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+            return
+        self._linger(conn, pending)
+
+    def _linger(self, conn: _Conn, pending: int) -> None:
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+            conn.sock.setblocking(False)
+        except OSError:
+            self._drop(conn)
+            return
+        conn.discard = pending
+        conn.deadline = min(conn.deadline, time.monotonic() + _LINGER_SECONDS)
+        conn.buf = bytearray()
+        self._waiting[conn.sock.fileno()] = conn
+        try:
+            self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+        except (OSError, ValueError):
+            self._drop(conn)
+
+    def _swallow(self, conn: _Conn) -> None:
+        """Read and drop what a lingering connection still sends; close at its end or the budget's."""
+        try:
+            while conn.discard > 0:
+                chunk = conn.sock.recv(65536)
+                if not chunk:
+                    break
+                conn.discard -= len(chunk)
+        except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
+            return
+        except (OSError, ValueError):
+            pass
+        self._drop(conn)
+
+    def _dispatch(self, conn: _Conn, request: Request) -> None:
+        self._forget(conn)
+        with self._busy_lock:
+            self._busy.add(conn.sock)
         try:
             self._queue.put_nowait((conn.sock, request))
         except queue.Full:
@@ -312,11 +476,15 @@ class MetricsServer:
             try:
                 payload = self._answer(request)
             except Exception as exc:
-                self._log_once(f"render:{type(exc).__name__}", f"rendering metrics failed: {exc!r}")
-                payload = _response(500, b"error rendering metrics\n")
+                self._log_once(f"render:{type(exc).__name__}", f"answering a request failed: {exc!r}")
+                payload = _response(500, b"error\n")
             self._finish(sock, payload, deadline=time.monotonic() + self._write_timeout)
 
-    def _answer(self, request: _Request) -> bytes:
+    def _answer(self, request: Request) -> bytes:
+        if self.handler is not None:
+            response = self.handler.answer(request)
+            if response is not None:
+                return response.encode(head=request.method == "HEAD")
         if request.method not in ("GET", "HEAD"):
             return _response(405, b"method not allowed\n", extra=(("Allow", "GET, HEAD"),))
         url = urlsplit(request.target)
@@ -337,22 +505,29 @@ class MetricsServer:
     def _finish(self, sock: socket.socket, payload: bytes, *, deadline: float) -> None:
         """Write ``payload`` within ``deadline`` (a client that does not read is cut off) and close."""
         try:
-            sock.setblocking(True)
-            view = memoryview(payload)
-            while view:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                sock.settimeout(remaining)
-                sent = sock.send(view[:65536])
-                view = view[sent:]
-        except (OSError, ValueError):
-            pass
+            self._send(sock, payload, deadline=deadline)
         finally:
             with self._busy_lock:
                 self._busy.discard(sock)
             with contextlib.suppress(OSError):
                 sock.close()
+
+    @staticmethod
+    def _send(sock: socket.socket, payload: bytes, *, deadline: float) -> bool:
+        """Write ``payload`` within ``deadline``; whether all of it went out."""
+        try:
+            sock.setblocking(True)
+            view = memoryview(payload)
+            while view:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                sock.settimeout(remaining)
+                sent = sock.send(view[:65536])
+                view = view[sent:]
+        except (OSError, ValueError):
+            return False
+        return True
 
     # ------------------------------------------------------------------ housekeeping
 
@@ -405,7 +580,7 @@ def _bind_address(host: str, port: int) -> tuple[socket.AddressFamily, tuple[Any
     return family, sockaddr
 
 
-def _parse(head: bytes) -> _Request | None:
+def _parse(head: bytes) -> Request | None:
     try:
         lines = head.decode("ascii").split("\r\n")
     except UnicodeDecodeError:
@@ -419,14 +594,17 @@ def _parse(head: bytes) -> _Request | None:
         if not sep:
             return None
         headers[name.strip().lower()] = value.strip()
-    return _Request(parts[0], parts[1], headers)
+    return Request(parts[0], parts[1], headers)
 
 
 _REASONS = {
     200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
     404: "Not Found",
     405: "Method Not Allowed",
+    411: "Length Required",
+    413: "Content Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
@@ -441,7 +619,7 @@ def _response(
     head: bool = False,
 ) -> bytes:
     lines = [
-        f"HTTP/1.1 {status} {_REASONS[status]}",
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}",
         f"Content-Type: {content_type}",
         f"Content-Length: {len(body)}",
         "Connection: close",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from babysitter.catalog import MetricSpec
 from babysitter.catalog import goodput as G
@@ -778,6 +779,95 @@ def _node(cfg: GenerateConfig, r: Records) -> list[Alert]:
     return [storage_slow, storage_failing, collector_failing, xid_blind, agent_down]
 
 
+def _trainer_fetches(cfg: GenerateConfig, r: Records) -> list[Alert]:
+    """The node agent's own view of the trainers it serves: endpoints it cannot fetch, registrations it
+    refuses (docs/security.md), when they keep failing."""
+    ns, c, w, f = cfg.node_selector, cfg.cluster_label, cfg.trainer_failing_window, cfg.trainer_failing_for
+    errors, skipped = N.TRAINER_SCRAPE_ERRORS, N.TRAINER_REGISTRATIONS_SKIPPED
+
+    def keeps_growing(name: str, counter: str, **text: Any) -> Alert:
+        """A warning per host and reason while ``counter`` grew in every ``w`` for ``f`` (a counter
+        series appears with its first failure: new_or_increased counts that one too)."""
+        expr = f"sum by ({c}, instance, reason) (\n  {new_or_increased(counter, w)}\n)"
+        return Alert(name=name, expr=expr, severity="warning", component="node", for_=f, **text)
+
+    fetch = keeps_growing(
+        "NodeTrainerFetchFailing",
+        select(errors, ns),
+        summary=f"Trainer endpoints on {_l('instance')} keep failing: {_l('reason')}.",
+        description=(
+            f"The node agent on {_l('instance')} (cluster {_l(c)}) failed {_V} fetches of registered trainer "
+            f"endpoints with {_l('reason')} in the last {w}, and has kept failing for {f}. Those ranks' "
+            f"metrics are missing, so their stall, MFU and goodput alerts are blind; "
+            f"{errors.name} names the run and rank."
+        ),
+        test=AlertTest(
+            series=(
+                # n1: rank 0 of r1 times out at every scrape from 5m on (its series appears then).
+                (_series(errors, _with(_node_labels(), run="r1", rank="0", reason="timeout")), "_x4 1+1x40"),
+                # n2: one failed fetch (a trainer that was restarting), never again: no warning.
+                (
+                    _series(
+                        errors,
+                        _with(_node_labels(), instance="n2:9400", run="r2", rank="0", reason="connect"),
+                    ),
+                    "_x4 1+0x40",
+                ),
+            ),
+            quiet=(("5m", "failing, before for:"), ("15m", "before for:")),
+            fire_at="25m",
+            fire_labels=({"cluster": "c1", "instance": "n1:9400", "reason": "timeout"},),
+            fire_text=(
+                (
+                    "Trainer endpoints on n1:9400 keep failing: timeout.",
+                    "The node agent on n1:9400 (cluster c1) failed 10 fetches of registered trainer "
+                    "endpoints with timeout in the last 10m, and has kept failing for 15m. Those ranks' "
+                    "metrics are missing, so their stall, MFU and goodput alerts are blind; "
+                    f"{errors.name} names the run and rank.",
+                ),
+            ),
+        ),
+    )
+    registration = keeps_growing(
+        "NodeTrainerRegistrationSkipped",
+        # Each bad file is counted once, so growth means new ones keep coming; dead registrations (a
+        # trainer that exited) are the normal churn of jobs ending, not a fault.
+        select(skipped, ns, regex("reason", ("dead",), negate=True)),
+        summary=f"The node agent on {_l('instance')} keeps refusing trainer registrations: {_l('reason')}.",
+        description=(
+            f"The node agent on {_l('instance')} (cluster {_l(c)}) refused {_V} new trainer registrations as "
+            f"{_l('reason')} in the last {w}, and new ones have kept coming for {f}. Those trainers are not "
+            f"served, so their runs look absent to Prometheus; docs/security.md says what each reason means."
+        ),
+        test=AlertTest(
+            series=(
+                # n1: a tracker restarted in a loop registers as another user's directory every minute.
+                (_series(skipped, _with(_node_labels(), reason="wrong_owner")), "_x4 1+1x40"),
+                # n1: trainers ending leave dead registrations: churn, never a warning.
+                (_series(skipped, _with(_node_labels(), reason="dead")), "0+1x45"),
+                # n2: one malformed file, counted once and logged: no warning.
+                (
+                    _series(skipped, _with(_node_labels(), instance="n2:9400", reason="malformed")),
+                    "_x4 1+0x40",
+                ),
+            ),
+            quiet=(("5m", "refused, before for:"), ("15m", "before for:")),
+            fire_at="25m",
+            fire_labels=({"cluster": "c1", "instance": "n1:9400", "reason": "wrong_owner"},),
+            fire_text=(
+                (
+                    "The node agent on n1:9400 keeps refusing trainer registrations: wrong_owner.",
+                    "The node agent on n1:9400 (cluster c1) refused 10 new trainer registrations as "
+                    "wrong_owner in the last 10m, and new ones have kept coming for 15m. Those trainers are "
+                    "not served, so their runs look absent to Prometheus; docs/security.md says what each "
+                    "reason means.",
+                ),
+            ),
+        ),
+    )
+    return [fetch, registration]
+
+
 def _node_labels() -> dict[str, str]:
     return {key: _GPU[key] for key in ("cluster", "instance", "job")}
 
@@ -1079,6 +1169,7 @@ _GROUPS: tuple[tuple[str, Callable[[GenerateConfig, Records], list[Alert]]], ...
     ("babysitter-training.alerts", _training),
     ("babysitter-checkpoint.alerts", _checkpoint),
     ("babysitter-node.alerts", _node),
+    ("babysitter-trainers.alerts", _trainer_fetches),
     ("babysitter-gpu.alerts", _gpu_alerts),
     ("babysitter-remediation.alerts", _remediation),
 )

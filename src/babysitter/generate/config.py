@@ -125,6 +125,11 @@ class GenerateConfig:
     storage_failing_for: str = "5m"
     #: How long a collector may fail before warning (one bad scrape is noise).
     collector_failing_for: str = "10m"
+    #: A host warns when its agent's fetches of a trainer endpoint, or the registrations it refuses, grew
+    #: in every such window for ``trainer_failing_for``: one failed fetch or one bad file (counted and
+    #: logged once) is noise; a failure that keeps coming back is not.
+    trainer_failing_window: str = "10m"
+    trainer_failing_for: str = "15m"
 
     # --- GPU health -------------------------------------------------------------------------------
     #: Xid window: any new Xid in it fires; also how long an Xid alert stays up after the last one.
@@ -223,6 +228,8 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         storage_probe_for="10s",
         storage_failing_for="5s",
         collector_failing_for="10s",
+        trainer_failing_window="30s",
+        trainer_failing_for="30s",
         xid_window="1m",
         gpu_down_for="5s",
         ecc_window="1m",

@@ -37,6 +37,15 @@ _NODES_TTL = 300.0
 
 
 @dataclass(frozen=True)
+class _No:
+    """Why a rail refuses an action: the ``reason`` label of ``remediation_refused_total`` and the
+    audit log's detail."""
+
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
 class Remediation:
     """A requeue that went through (or would have, in a dry run), for the run's ledger."""
 
@@ -143,10 +152,10 @@ class Remediator:
         for key, (alert, rule, seen) in list(self._pending.items()):
             if now - seen > self.policy.pending_ttl:
                 del self._pending[key]
-                self._audit(
+                self._audit_alert(
                     "forgotten",
-                    alert=alert.describe(),
-                    rule=rule.name,
+                    alert,
+                    rule,
                     detail="no notification for pending_ttl; never acted on",
                 )
             elif now - alert.starts_at >= rule.firing_for:
@@ -167,10 +176,10 @@ class Remediator:
         now = self.clock()
         if now - alert.starts_at < rule.firing_for:
             if alert.key not in self._pending:
-                self._audit(
+                self._audit_alert(
                     "deferred",
-                    alert=alert.describe(),
-                    rule=rule.name,
+                    alert,
+                    rule,
                     detail=f"acts once firing for {rule.firing_for:g} s",
                 )
             self._pending[alert.key] = (alert, rule, now)
@@ -196,15 +205,9 @@ class Remediator:
         host = host_of(alert.labels, self.policy.hosts)
         for action in sorted(rule.actions, key=_ORDER.__getitem__):
             if cluster is not None and alert.labels.get(self.policy.cluster_label) != cluster:
-                self._refuse(
-                    action,
-                    "not_allowed",
-                    alert,
-                    rule,
-                    host=host,
-                    detail=f"{self.policy.cluster_label}={alert.labels.get(self.policy.cluster_label)!r}, "
-                    f"this remediator serves {cluster!r}",
-                )
+                label = self.policy.cluster_label
+                detail = f"{label}={alert.labels.get(label)!r}, this remediator serves {cluster!r}"
+                self._refuse(action, _No("not_allowed", detail), alert, rule, host=host)
                 continue
             if action == "drain":
                 self._drain(alert, rule, host)
@@ -216,88 +219,80 @@ class Remediator:
     def _key(self, alert: Alert, rule: Rule, action: str, target: str) -> str:
         return f"{alert.key}:{action}:{target}" + (":dry" if self._dry(rule) else "")
 
-    def _host_allowed(self, action: str, alert: Alert, rule: Rule, host: str) -> bool:
+    # Each rail's check: None when it lets the action through.
+
+    def _host_refusal(self, host: str) -> _No | None:
         allow = self.policy.allow
         if allow.hosts and not any(p.fullmatch(host) for p in allow.hosts):
-            self._refuse(
-                action, "not_allowed", alert, rule, host=host, detail=f"host {host} is not on allow.hosts"
-            )
-            return False
+            return _No("not_allowed", f"host {host} is not on allow.hosts")
         if allow.partitions:
             try:
                 parts = self.backend.partitions_of(host) or []
             except BackendError as exc:
-                self._refuse(
-                    action,
-                    "not_allowed",
-                    alert,
-                    rule,
-                    host=host,
-                    detail=f"cannot tell {host}'s partitions: {exc}",
-                )
-                return False
+                return _No("not_allowed", f"cannot tell {host}'s partitions: {exc}")
             if not any(p.fullmatch(part) for part in parts for p in allow.partitions):
-                self._refuse(
-                    action,
-                    "not_allowed",
-                    alert,
-                    rule,
-                    host=host,
-                    detail=f"host {host} is in partitions {parts}, none on allow.partitions",
-                )
-                return False
-        return True
+                return _No("not_allowed", f"host {host} is in partitions {parts}, none on allow.partitions")
+        return None
+
+    def _namespace_refusal(self, job: str) -> _No | None:
+        namespace = self.backend.namespace_of(job)
+        allowed = self.policy.allow.namespaces
+        if namespace is not None and allowed and not any(p.fullmatch(namespace) for p in allowed):
+            return _No("not_allowed", f"namespace {namespace} is not on allow.namespaces")
+        return None
+
+    def _rate_refusal(self, now: float) -> _No | None:
+        if self.rails.rate_ok(now):
+            return None
+        rate = self.policy.rate_limit
+        done = self.rails.actions_in_window(now)
+        return _No("rate_limit", f"{done} disruptive actions within {rate.window:g} s (limit {rate.actions})")
+
+    def _cap_refusal(self, host: str, now: float) -> _No | None:
+        try:
+            nodes = self._cluster_nodes()
+        except BackendError as exc:
+            return _No("drain_cap", f"cluster size unknown, refusing to drain blind: {exc}")
+        if self.rails.cap_ok(host, now, nodes):
+            return None
+        drained = sorted(self.rails.drained(now))
+        return _No(
+            "drain_cap",
+            f"{len(drained)} of {nodes} nodes drained within {self.policy.drain_cap.window:g} s "
+            f"(cap {self.rails.cap_nodes(nodes)}): {', '.join(drained[:20])}",
+        )
 
     def _missing(self, action: str, alert: Alert, rule: Rule, need: str) -> None:
-        self._refuse(action, "missing_labels", alert, rule, detail=f"{action} needs {need}")
+        self._refuse(action, _No("missing_labels", f"{action} needs {need}"), alert, rule)
 
     def _drain(self, alert: Alert, rule: Rule, host: str | None) -> None:
         if host is None:
             self._missing("drain", alert, rule, f"a host in label {self.policy.hosts.label!r}")
             return
         key = self._key(alert, rule, "drain", host)
-        if self.rails.done(key) or not self._host_allowed("drain", alert, rule, host):
+        if self.rails.done(key):
+            return
+        refused = self._host_refusal(host)
+        if refused is not None:
+            self._refuse("drain", refused, alert, rule, host=host)
             return
         now = self.clock()
         if self.rails.held(host, now) and self._still_drained(host):
             self.rails.hold(host, alert.key, key, now)
-            self._audit(
+            self._audit_alert(
                 "held",
+                alert,
+                rule,
                 action="drain",
                 host=host,
-                alert=alert.describe(),
                 alert_key=alert.key,
                 key=key,
-                rule=rule.name,
                 detail="already drained by this remediator; this alert holds it too",
             )
             return
-        if not self.rails.rate_ok(now):
-            self._refuse("drain", "rate_limit", alert, rule, host=host, detail=self._rate_detail(now))
-            return
-        try:
-            nodes = self._cluster_nodes()
-        except BackendError as exc:
-            self._refuse(
-                "drain",
-                "drain_cap",
-                alert,
-                rule,
-                host=host,
-                detail=f"cluster size unknown, refusing to drain blind: {exc}",
-            )
-            return
-        if not self.rails.cap_ok(host, now, nodes):
-            drained = sorted(self.rails.drained(now))
-            self._refuse(
-                "drain",
-                "drain_cap",
-                alert,
-                rule,
-                host=host,
-                detail=f"{len(drained)} of {nodes} nodes drained within {self.policy.drain_cap.window:g} s "
-                f"(cap {self.rails.cap_nodes(nodes)}): {', '.join(drained[:20])}",
-            )
+        refused = self._rate_refusal(now) or self._cap_refusal(host, now)
+        if refused is not None:
+            self._refuse("drain", refused, alert, rule, host=host)
             return
         reason = render_reason(rule.reason, alert.labels, prefix=REASON_PREFIX)
         dry = self._dry(rule)
@@ -312,13 +307,13 @@ class Remediator:
             return False
 
     def _undrain(self, alert: Alert, rule: Rule, host: str) -> None:
-        now = self.clock()
-        if not self.rails.rate_ok(now):
-            self._refuse("undrain", "rate_limit", alert, rule, host=host, detail=self._rate_detail(now))
+        refused = self._rate_refusal(self.clock())
+        if refused is not None:
+            self._refuse("undrain", refused, alert, rule, host=host)
             return
         outcome = self.backend.undrain(host, REASON_PREFIX, dry_run=self._dry(rule), alert=alert.describe())
         if outcome.refused:
-            self._refuse("undrain", outcome.refused, alert, rule, host=host, detail=outcome.detail)
+            self._refuse("undrain", _No(outcome.refused, outcome.detail), alert, rule, host=host)
             return
         self._done(
             "undrain",
@@ -346,14 +341,8 @@ class Remediator:
                     f"a job label ({', '.join(self.policy.jobs.labels)}), a host or a run label",
                 )
             else:
-                self._refuse(
-                    "requeue",
-                    "no_target",
-                    alert,
-                    rule,
-                    host=host,
-                    detail=f"no job found for host {host} / run {alert.labels.get('run')}",
-                )
+                detail = f"no job found for host {host} / run {alert.labels.get('run')}"
+                self._refuse("requeue", _No("no_target", detail), alert, rule, host=host)
             return
         confirmed: list[tuple[str, str | None]] = []
         note = ""
@@ -369,14 +358,8 @@ class Remediator:
                 return
             confirmed, note = [(job, host) for job in jobs], f" (unconfirmed: {exc})"
         if not confirmed:
-            self._refuse(
-                "requeue",
-                "no_target",
-                alert,
-                rule,
-                host=host,
-                detail=f"{source} names {jobs}, none of which runs now" + (f" on {hosts}" if hosts else ""),
-            )
+            detail = f"{source} names {jobs}, none of which runs now" + (f" on {hosts}" if hosts else "")
+            self._refuse("requeue", _No("no_target", detail), alert, rule, host=host)
             return
         reason = render_reason(rule.reason, alert.labels, prefix=REASON_PREFIX)
         for job, where in confirmed:
@@ -385,34 +368,22 @@ class Remediator:
                 continue
             now = self.clock()
             if self.rails.recently_requeued(job, now):
-                self._audit(
+                self._audit_alert(
                     "skipped",
+                    alert,
+                    rule,
                     action="requeue",
                     job=job,
-                    alert=alert.describe(),
-                    rule=rule.name,
                     detail="requeued for another alert within the rate window",
                 )
                 continue
-            namespace = self.backend.namespace_of(job)
-            allowed_ns = self.policy.allow.namespaces
-            if namespace is not None and allowed_ns and not any(p.fullmatch(namespace) for p in allowed_ns):
-                self._refuse(
-                    "requeue",
-                    "not_allowed",
-                    alert,
-                    rule,
-                    host=where,
-                    detail=f"namespace {namespace} is not on allow.namespaces",
-                    job=job,
-                )
-                continue
-            if where is not None and not self._host_allowed("requeue", alert, rule, where):
-                continue
-            if not self.rails.rate_ok(now):
-                self._refuse(
-                    "requeue", "rate_limit", alert, rule, host=where, detail=self._rate_detail(now), job=job
-                )
+            refused = (
+                self._namespace_refusal(job)
+                or (None if where is None else self._host_refusal(where))
+                or self._rate_refusal(now)
+            )
+            if refused is not None:
+                self._refuse("requeue", refused, alert, rule, host=where, job=job)
                 continue
             outcome = self.backend.requeue(job, reason, dry_run=dry, alert=alert.describe())
             drained = host if "drain" in rule.actions else None
@@ -447,15 +418,18 @@ class Remediator:
         key = self._key(alert, rule, "annotate", target)
         if self.rails.done(key):
             return
-        if host is not None and not self._host_allowed("annotate", alert, rule, host):
+        refused = None if host is None else self._host_refusal(host)
+        if refused is not None:
+            self._refuse("annotate", refused, alert, rule, host=host)
             return
         text = render_reason(rule.reason, alert.labels, prefix=REASON_PREFIX)
-        outcome = self.backend.annotate(
-            host, None if host else jobs[0], text, dry_run=self._dry(rule), alert=alert.describe()
-        )
-        self._done(
-            "annotate", outcome, alert, rule, key=key, host=host, job=None if host else jobs[0], reason=text
-        )
+        dry, doc = self._dry(rule), alert.describe()
+        if host is not None:
+            outcome = self.backend.annotate_host(host, text, dry_run=dry, alert=doc)
+        else:
+            outcome = self.backend.annotate_job(jobs[0], text, dry_run=dry, alert=doc)
+        job = None if host else jobs[0]
+        self._done("annotate", outcome, alert, rule, key=key, host=host, job=job, reason=text)
 
     # ------------------------------------------------------------------ lookups
 
@@ -520,11 +494,6 @@ class Remediator:
         except BackendError:
             return None
 
-    def _rate_detail(self, now: float) -> str:
-        rate = self.policy.rate_limit
-        done = self.rails.actions_in_window(now)
-        return f"{done} disruptive actions within {rate.window:g} s (limit {rate.actions})"
-
     # ------------------------------------------------------------------ results
 
     def _count(self, table: dict[tuple[str, str], int], action: str, what: str) -> None:
@@ -534,14 +503,14 @@ class Remediator:
     def _refuse(
         self,
         action: str,
-        reason: str,
+        no: _No,
         alert: Alert,
         rule: Rule,
         *,
         host: str | None = None,
-        detail: str,
         job: str | None = None,
     ) -> None:
+        reason, detail = no.reason, no.detail
         seen = (alert.key, action, reason, job)
         if seen in self._refused:
             return  # the same refusal for the same alert episode, re-sent by Alertmanager
@@ -550,14 +519,14 @@ class Remediator:
         self._refused.add(seen)
         self._count(self.actions, action, "refused")
         self._count(self.refusals, action, reason)
-        self._audit(
+        self._audit_alert(
             "refused",
+            alert,
+            rule,
             action=action,
             reason=reason,
             host=host,
             job=job,
-            alert=alert.describe(),
-            rule=rule.name,
             detail=detail,
             dry_run=self._dry(rule),
         )
@@ -575,14 +544,14 @@ class Remediator:
 
     def _fail(self, action: str, alert: Alert, rule: Rule, *, host: str | None, detail: str) -> None:
         self._count(self.actions, action, "failed")
-        self._audit(
+        self._audit_alert(
             "action",
+            alert,
+            rule,
             action=action,
             result="failed",
             host=host,
-            alert=alert.describe(),
             alert_key=alert.key,
-            rule=rule.name,
             detail=detail,
             dry_run=self._dry(rule),
         )
@@ -607,8 +576,10 @@ class Remediator:
         self.rails.record(action, key=key, now=now, host=host, job=job, alert_key=alert.key, done=outcome.ok)
         self._drained_now = len(self.rails.drained(now))
         self._count(self.actions, action, result)
-        self._audit(
+        self._audit_alert(
             "action",
+            alert,
+            rule,
             action=action,
             result=result,
             key=key,
@@ -616,8 +587,6 @@ class Remediator:
             host=host,
             job=job,
             reason=reason,
-            rule=rule.name,
-            alert=alert.describe(),
             dry_run=dry,
             commands=[step.record() for step in outcome.steps],
             detail=outcome.detail,
@@ -634,6 +603,10 @@ class Remediator:
             alert.name,
             outcome.detail or reason,
         )
+
+    def _audit_alert(self, event: str, alert: Alert, rule: Rule, **fields: Any) -> None:
+        """An audit record about an alert that matched ``rule``."""
+        self._audit(event, alert=alert.describe(), rule=rule.name, **fields)
 
     def _audit(self, event: str, **fields: Any) -> None:
         self.audit.write(event, t=self.clock(), **fields)

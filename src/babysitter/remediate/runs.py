@@ -4,8 +4,9 @@ The tracker of a live run holds the ledger's single-writer lock, and a remediati
 run is still alive more often than not (a drained host's job is requeued while it still steps), so
 the remediator never writes the ledger itself: it appends one JSON line per remediation to
 ``remediations.jsonl`` in the run directory (``O_APPEND``, one ``write`` per line, fsynced), which
-:mod:`babysitter.ledger.remediations` reads back. Each line also names the last complete checkpoint
-the ledger lists, the one the requeued job resumes from.
+:mod:`babysitter.ledger.remediations` reads back for ``babysitter report`` (the restart's cause, time
+to detect, time to recover). Each line also names the last complete checkpoint the ledger lists, the
+one the requeued job resumes from.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ import re
 from pathlib import Path
 
 from babysitter.ledger.reader import completed_checkpoints
+from babysitter.ledger.remediations import NOTE_VERSION, NOTES_FILE, note_text
 from babysitter.remediate.engine import Remediation
 
 __all__ = ["NOTES_FILE", "RunNotes"]
 
 log = logging.getLogger(__name__)
-
-NOTES_FILE = "remediations.jsonl"
 _RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -63,18 +63,19 @@ def note(remediation: Remediation, run: str, folder: Path) -> dict[str, object]:
     alert = remediation.alert
     labels = alert.labels
     line: dict[str, object] = {
-        "v": 1,
+        "v": NOTE_VERSION,
         "t": round(remediation.t, 6),
         "run": run,
         "action": remediation.action,
         "job": remediation.job,
         "host": remediation.host,
         "drained": remediation.drained,
-        "alert": alert.name,
-        "alert_start": round(alert.starts_at, 6),
-        "cause": cause(remediation),
-        "labels": {k: labels[k] for k in ("xid", "gpu", "instance", "reason") if k in labels},
+        "alert": note_text(alert.name),
+        "cause": note_text(cause(remediation)),
+        "labels": {k: note_text(labels[k])[:64] for k in ("xid", "gpu", "instance", "reason") if k in labels},
     }
+    if alert.starts_at > 0:
+        line["alert_start"] = round(alert.starts_at, 6)
     try:
         saved = completed_checkpoints(folder)
     except OSError as exc:
@@ -82,7 +83,7 @@ def note(remediation: Remediation, run: str, folder: Path) -> dict[str, object]:
         saved = []
     if saved:
         line["resume_step"] = saved[-1].step
-        line["resume_path"] = saved[-1].path
+        line["resume_path"] = saved[-1].path  # at most the ledger's 1024 characters
     return line
 
 

@@ -1,15 +1,35 @@
-"""What a scheduler backend does for the remediator, and the record of each thing it ran."""
+"""What a scheduler backend does for the remediator, and the record of each thing it ran.
+
+Every program a backend runs (Slurm's commands, a user's script) goes through :func:`run_argv` or
+:func:`query_argv`: an argv list (never a shell), bounded in time, in its own session so that a
+timeout ends everything it started (a child that keeps the output pipe open cannot hold the
+remediator), output kept to its head and tail.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["Backend", "BackendError", "Outcome", "Step", "query_argv", "run_argv"]
+__all__ = [
+    "AlertDoc",
+    "Backend",
+    "BackendError",
+    "Outcome",
+    "Step",
+    "outcome_of",
+    "query_argv",
+    "run_argv",
+]
+
+#: What a backend gets of the alert (:meth:`Alert.describe`), for hooks and logs.
+AlertDoc = Mapping[str, object] | None
 
 #: Output kept from a command, for the audit log (its head and tail).
 MAX_OUTPUT = 2000
@@ -80,54 +100,66 @@ class Backend(Protocol):
         """Whether the host is drained (cordoned) now; None when the backend cannot tell."""
         ...
 
-    def drain(
-        self, host: str, reason: str, *, dry_run: bool, alert: Mapping[str, object] | None = None
-    ) -> Outcome:
+    def drain(self, host: str, reason: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
         """Stop new work landing on the host, with a reason the scheduler shows."""
         ...
 
-    def undrain(
-        self, host: str, prefix: str, *, dry_run: bool, alert: Mapping[str, object] | None = None
-    ) -> Outcome:
+    def undrain(self, host: str, prefix: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
         """Return the host to service, only if its drain reason starts with ``prefix`` (ours)."""
         ...
 
-    def requeue(
-        self, job: str, reason: str, *, dry_run: bool, alert: Mapping[str, object] | None = None
-    ) -> Outcome:
+    def requeue(self, job: str, reason: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
         """Stop the job and run its script again (the training resumes from its checkpoint)."""
         ...
 
-    def annotate(
-        self,
-        host: str | None,
-        job: str | None,
-        text: str,
-        *,
-        dry_run: bool,
-        alert: Mapping[str, object] | None = None,
-    ) -> Outcome:
-        """Attach a note to the host (or the job) without changing anything else."""
+    def annotate_host(self, host: str, text: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
+        """Attach a note to the host without changing anything else."""
+        ...
+
+    def annotate_job(self, job: str, text: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
+        """Attach a note to the job without changing anything else."""
         ...
 
 
+def _run(
+    argv: Sequence[str], *, timeout: float, stdin: bytes | None, env: Mapping[str, str] | None
+) -> subprocess.CompletedProcess[bytes]:
+    """``subprocess.run`` in a new session whose whole process group is killed at the timeout."""
+    with subprocess.Popen(
+        list(argv),
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(env) if env is not None else None,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def run_argv(
-    what: str, argv: Sequence[str], *, timeout: float, dry_run: bool, env: Mapping[str, str] | None = None
+    what: str,
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    dry_run: bool,
+    env: Mapping[str, str] | None = None,
+    stdin: bytes | None = None,
 ) -> Step:
-    """Run a program with an argv list (no shell), bounded in time; a dry run only records it."""
+    """Run a program with an argv list (no shell, ``stdin`` as its input), bounded in time; a dry run
+    only records it."""
     step = Step(what, tuple(argv))
     if dry_run:
         return step
     start = time.monotonic()
     try:
-        proc = subprocess.run(
-            list(argv),
-            capture_output=True,
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-            env=dict(env) if env is not None else None,
-        )
+        proc = _run(argv, timeout=timeout, stdin=stdin, env=env)
         step.code = proc.returncode
         step.ok = proc.returncode == 0
         step.output = _bounded((proc.stdout + proc.stderr).decode("utf-8", errors="replace"))
@@ -137,6 +169,14 @@ def run_argv(
         step.ok, step.output = False, f"cannot run {argv[0]}: {exc.strerror or exc}"
     step.seconds = time.monotonic() - start
     return step
+
+
+def outcome_of(steps: list[Step], dry_run: bool) -> Outcome:
+    """The outcome of commands run in order: a dry run is planned (ok); else the first failure's output."""
+    if dry_run:
+        return Outcome(True, steps)
+    failed = next((step for step in steps if not step.ok), None)
+    return Outcome(failed is None, steps, detail=failed.output if failed else "")
 
 
 def _bounded(text: str) -> str:
@@ -150,9 +190,7 @@ def _bounded(text: str) -> str:
 def query_argv(argv: Sequence[str], *, timeout: float) -> str:
     """Run a read-only query; its stdout, or BackendError with what went wrong."""
     try:
-        proc = subprocess.run(
-            list(argv), capture_output=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL
-        )
+        proc = _run(argv, timeout=timeout, stdin=None, env=None)
     except subprocess.TimeoutExpired:
         raise BackendError(f"{os.path.basename(argv[0])} timed out after {timeout:g} s") from None
     except OSError as exc:

@@ -11,10 +11,10 @@ request (and RBAC) without persisting anything.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from babysitter.remediate.backends.base import BackendError, Outcome, Step
+from babysitter.remediate.backends.base import AlertDoc, BackendError, Outcome, Step
 from babysitter.remediate.policy import KubernetesOptions
 
 __all__ = ["KubernetesBackend"]
@@ -96,9 +96,7 @@ class KubernetesBackend:
             step.ok, step.code, step.output = False, getattr(exc, "status", None), _short(exc)
         return step
 
-    def drain(
-        self, host: str, reason: str, *, dry_run: bool, alert: Mapping[str, object] | None = None
-    ) -> Outcome:
+    def drain(self, host: str, reason: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
         try:
             node = self._call(f"read node {host}", self._api.read_node, host)
         except BackendError as exc:
@@ -120,9 +118,7 @@ class KubernetesBackend:
         )
         return Outcome(bool(step.ok), [step], detail=step.output)
 
-    def undrain(
-        self, host: str, prefix: str, *, dry_run: bool, alert: Mapping[str, object] | None = None
-    ) -> Outcome:
+    def undrain(self, host: str, prefix: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
         try:
             node = self._call(f"read node {host}", self._api.read_node, host)
         except BackendError as exc:
@@ -140,9 +136,7 @@ class KubernetesBackend:
         )
         return Outcome(bool(step.ok), [step], detail=step.output)
 
-    def requeue(
-        self, job: str, reason: str, *, dry_run: bool, alert: Mapping[str, object] | None = None
-    ) -> Outcome:
+    def requeue(self, job: str, reason: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
         namespace, _, name = job.partition("/")
         step = Step(
             f"DELETE pod {job} (grace {self.options.grace_seconds}s)" + (" (dryRun=All)" if dry_run else "")
@@ -160,30 +154,20 @@ class KubernetesBackend:
             step.ok, step.code, step.output = False, getattr(exc, "status", None), _short(exc)
         return Outcome(bool(step.ok), [step], detail=step.output)
 
-    def annotate(
-        self,
-        host: str | None,
-        job: str | None,
-        text: str,
-        *,
-        dry_run: bool,
-        alert: Mapping[str, object] | None = None,
-    ) -> Outcome:
-        body = {"metadata": {"annotations": {f"{self.options.taint_key}-note": text}}}
-        if host is not None:
-            step = self._patch(
-                f"PATCH node {host}: annotate", self._api.patch_node, host, body, dry_run=dry_run
-            )
-        else:
-            namespace, _, name = (job or "").partition("/")
-            step = self._patch(
-                f"PATCH pod {job}: annotate",
-                self._api.patch_namespaced_pod,
-                name,
-                body,
-                dry_run=dry_run,
-                namespace=namespace,
-            )
+    def _note(self, text: str) -> dict[str, Any]:
+        return {"metadata": {"annotations": {f"{self.options.taint_key}-note": text}}}
+
+    def annotate_host(self, host: str, text: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
+        what = f"PATCH node {host}: annotate"
+        step = self._patch(what, self._api.patch_node, host, self._note(text), dry_run=dry_run)
+        return Outcome(bool(step.ok), [step], detail=step.output)
+
+    def annotate_job(self, job: str, text: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
+        namespace, _, name = job.partition("/")
+        patch = self._api.patch_namespaced_pod
+        step = self._patch(
+            f"PATCH pod {job}: annotate", patch, name, self._note(text), dry_run=dry_run, namespace=namespace
+        )
         return Outcome(bool(step.ok), [step], detail=step.output)
 
 

@@ -6,20 +6,19 @@ directly (no shell), with a JSON document on stdin::
     {"action": "drain", "host": "gpu-17", "job": null, "reason": "babysitter: Xid 79 on GPU 3",
      "dry_run": false, "alert": {"name": "GpuXidCritical", "labels": {...}, "starts_at": ..., ...}}
 
-Exit status 0 is success; anything else (or running past the timeout) is a failed action, with the
-program's output in the audit log. Dry runs do not run the program. The program cannot answer
-queries, so the policy must give ``rails.drain_cap.cluster_nodes``, and requeue needs the job from
-the alert's labels or the node agent's job map.
+Exit status 0 is success; anything else (or running past the timeout, which kills the program and
+everything it started) is a failed action, with the program's output in the audit log. Dry runs do
+not run the program. The program cannot answer queries, so the policy must give
+``rails.drain_cap.cluster_nodes``, and requeue needs the job from the alert's labels or the node
+agent's job map.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from babysitter.remediate.backends.base import MAX_OUTPUT, BackendError, Outcome, Step
+from babysitter.remediate.backends.base import AlertDoc, BackendError, Outcome, outcome_of, run_argv
 from babysitter.remediate.policy import ScriptOptions
 
 __all__ = ["ScriptBackend"]
@@ -52,19 +51,8 @@ class ScriptBackend:
         return None
 
     def _hook(
-        self,
-        action: str,
-        *,
-        host: str | None,
-        job: str | None,
-        reason: str,
-        dry_run: bool,
-        alert: Mapping[str, object] | None,
+        self, action: str, *, host: str | None, job: str | None, reason: str, dry_run: bool, alert: AlertDoc
     ) -> Outcome:
-        argv = (self.options.path, action)
-        step = Step(f"{self.options.path} {action}", argv)
-        if dry_run:
-            return Outcome(True, [step])
         doc = {
             "action": action,
             "host": host,
@@ -73,46 +61,26 @@ class ScriptBackend:
             "dry_run": dry_run,
             "alert": alert,
         }
-        start = time.monotonic()
-        try:
-            proc = subprocess.run(
-                list(argv),
-                input=json.dumps(doc).encode(),
-                capture_output=True,
-                timeout=self.options.timeout,
-                check=False,
-            )
-            step.ok, step.code = proc.returncode == 0, proc.returncode
-            step.output = (proc.stdout + proc.stderr).decode("utf-8", errors="replace").strip()[-MAX_OUTPUT:]
-        except subprocess.TimeoutExpired:
-            step.ok, step.output = False, f"timed out after {self.options.timeout:g} s"
-        except OSError as exc:
-            step.ok, step.output = False, f"cannot run {self.options.path}: {exc.strerror or exc}"
-        step.seconds = time.monotonic() - start
-        return Outcome(bool(step.ok), [step], detail="" if step.ok else step.output)
+        step = run_argv(
+            f"{self.options.path} {action}",
+            (self.options.path, action),
+            timeout=self.options.timeout,
+            dry_run=dry_run,
+            stdin=json.dumps(doc).encode(),
+        )
+        return outcome_of([step], dry_run)
 
-    def drain(
-        self, host: str, reason: str, *, dry_run: bool, alert: Mapping[str, object] | None = None
-    ) -> Outcome:
+    def drain(self, host: str, reason: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
         return self._hook("drain", host=host, job=None, reason=reason, dry_run=dry_run, alert=alert)
 
-    def undrain(
-        self, host: str, prefix: str, *, dry_run: bool, alert: Mapping[str, object] | None = None
-    ) -> Outcome:
+    def undrain(self, host: str, prefix: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
         return self._hook("undrain", host=host, job=None, reason=prefix, dry_run=dry_run, alert=alert)
 
-    def requeue(
-        self, job: str, reason: str, *, dry_run: bool, alert: Mapping[str, object] | None = None
-    ) -> Outcome:
+    def requeue(self, job: str, reason: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
         return self._hook("requeue", host=None, job=job, reason=reason, dry_run=dry_run, alert=alert)
 
-    def annotate(
-        self,
-        host: str | None,
-        job: str | None,
-        text: str,
-        *,
-        dry_run: bool,
-        alert: Mapping[str, object] | None = None,
-    ) -> Outcome:
-        return self._hook("annotate", host=host, job=job, reason=text, dry_run=dry_run, alert=alert)
+    def annotate_host(self, host: str, text: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
+        return self._hook("annotate", host=host, job=None, reason=text, dry_run=dry_run, alert=alert)
+
+    def annotate_job(self, job: str, text: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
+        return self._hook("annotate", host=None, job=job, reason=text, dry_run=dry_run, alert=alert)

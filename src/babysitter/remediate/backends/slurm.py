@@ -13,10 +13,18 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from babysitter.remediate.backends.base import BackendError, Outcome, Step, query_argv, run_argv
+from babysitter.remediate.backends.base import (
+    AlertDoc,
+    BackendError,
+    Outcome,
+    Step,
+    outcome_of,
+    query_argv,
+    run_argv,
+)
 from babysitter.remediate.policy import SlurmOptions
 
 __all__ = ["SlurmBackend"]
@@ -79,9 +87,7 @@ class SlurmBackend:
 
     # ------------------------------------------------------------------ actions
 
-    def drain(
-        self, host: str, reason: str, *, dry_run: bool, alert: Mapping[str, object] | None = None
-    ) -> Outcome:
+    def drain(self, host: str, reason: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
         step = self._run(
             "drain",
             "scontrol",
@@ -91,11 +97,9 @@ class SlurmBackend:
             f"Reason={reason}",
             dry_run=dry_run,
         )
-        return _outcome([step], dry_run)
+        return outcome_of([step], dry_run)
 
-    def undrain(
-        self, host: str, prefix: str, *, dry_run: bool, alert: Mapping[str, object] | None = None
-    ) -> Outcome:
+    def undrain(self, host: str, prefix: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
         try:
             found = self.drain_reason(host)
         except BackendError as exc:
@@ -107,33 +111,28 @@ class SlurmBackend:
                 False, detail=f"{host} is {found[0]} with reason {found[1]!r}: not ours", refused="not_ours"
             )
         step = self._run("undrain", "scontrol", "update", f"NodeName={host}", "State=RESUME", dry_run=dry_run)
-        return _outcome([step], dry_run)
+        return outcome_of([step], dry_run)
 
-    def requeue(
-        self, job: str, reason: str, *, dry_run: bool, alert: Mapping[str, object] | None = None
-    ) -> Outcome:
+    def requeue(self, job: str, reason: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
         if self.options.requeue == "resubmit":
             return self._resubmit(job, dry_run=dry_run)
         step = self._run("requeue", "scontrol", "requeue", job, dry_run=dry_run)
-        return _outcome([step], dry_run)
+        return outcome_of([step], dry_run)
 
-    def annotate(
-        self,
-        host: str | None,
-        job: str | None,
-        text: str,
-        *,
-        dry_run: bool,
-        alert: Mapping[str, object] | None = None,
-    ) -> Outcome:
-        target = f"NodeName={host}" if host is not None else f"JobId={job}"
+    def annotate_host(self, host: str, text: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
+        return self._comment(f"NodeName={host}", text, dry_run=dry_run)
+
+    def annotate_job(self, job: str, text: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
+        return self._comment(f"JobId={job}", text, dry_run=dry_run)
+
+    def _comment(self, target: str, text: str, *, dry_run: bool) -> Outcome:
         step = self._run("annotate", "scontrol", "update", target, f"Comment={text}", dry_run=dry_run)
-        return _outcome([step], dry_run)
+        return outcome_of([step], dry_run)
 
     def _run(self, what: str, *argv: str, dry_run: bool) -> Step:
         return run_argv(what, [self._cmd(argv[0]), *argv[1:]], timeout=self.options.timeout, dry_run=dry_run)
 
-    def _resubmit(self, job: str, *, dry_run: bool, alert: Mapping[str, object] | None = None) -> Outcome:
+    def _resubmit(self, job: str, *, dry_run: bool) -> Outcome:
         """scancel + sbatch of the job's own script, with its partition, name, size and files."""
         steps: list[Step] = []
         try:
@@ -165,11 +164,4 @@ class SlurmBackend:
             if not dry_run and not steps[-1].ok:
                 return Outcome(False, steps, detail=f"scancel {job} failed; nothing resubmitted")
             steps.append(self._run("resubmit", *argv, dry_run=dry_run))
-        return _outcome(steps, dry_run)
-
-
-def _outcome(steps: list[Step], dry_run: bool) -> Outcome:
-    if dry_run:
-        return Outcome(True, steps)
-    failed = next((step for step in steps if not step.ok), None)
-    return Outcome(failed is None, steps, detail=failed.output if failed else "")
+        return outcome_of(steps, dry_run)
