@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from babysitter._hist import HistogramSnapshot
 from babysitter.catalog import selfmon as S
 from babysitter.catalog import train as T
 from babysitter.catalog._spec import MetricSpec
-from babysitter.tracker import Tracker, TrackerSnapshot
+from babysitter.training.histogram import HistogramSnapshot
+from babysitter.training.tracker import Tracker, TrackerSnapshot
 
 __all__ = ["TrackerCollector"]
 
@@ -32,7 +32,7 @@ def _le(bound: float) -> str:
 
 
 class TrackerCollector:
-    """A prometheus_client collector over one :class:`~babysitter.tracker.Tracker`."""
+    """A prometheus_client collector over one :class:`~babysitter.training.tracker.Tracker`."""
 
     def __init__(
         self, tracker: Tracker, *, port: int | None = None, requested_port: int | None = None
