@@ -15,7 +15,7 @@ from babysitter.catalog import storage as S
 from babysitter.ledger import DEFAULT_FILE_NAME, CheckpointRecord, completed_checkpoints
 from babysitter.ledger.records import CheckpointEnd, Start, encode, to_us
 from babysitter.ledger.writer import LedgerWriter
-from babysitter.node.sentinel import CheckpointSentinelCollector, LedgerTail, directory_size
+from babysitter.node.storage.sentinel import CheckpointSentinelCollector, LedgerTail, directory_size
 from node_helpers import scrape
 
 MISSING = S.CHECKPOINT_MISSING.name
@@ -87,7 +87,7 @@ class TestFiles:
         c = make([run_dir])
         assert scrape(c).value(MISSING, step="200") == 0
         (run_dir / "step-200.pt").unlink()
-        with caplog.at_level(logging.INFO, logger="babysitter.node.sentinel"):
+        with caplog.at_level(logging.INFO, logger="babysitter.node.storage.sentinel"):
             for _ in range(3):
                 s = scrape(c)
         assert s.value(MISSING, run="llama-7b", step="200") == 1
@@ -128,7 +128,7 @@ class TestFiles:
                 (4, T0 + 4, 10, None),
             ],
         )
-        with caplog.at_level(logging.WARNING, logger="babysitter.node.sentinel"):
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.storage.sentinel"):
             s = scrape(make([run_dir], keep_last=4))
         assert s.value(MISSING, step="1") == 0
         assert s.value(MISSING, step="2") == 0
@@ -224,7 +224,7 @@ class TestLedgers:
         bad, good = tmp_path / "bad", tmp_path / "good"
         (bad / DEFAULT_FILE_NAME).mkdir(parents=True)  # read_bytes() fails: IsADirectoryError
         write_ledger(good, "good-run", [file_checkpoint(good, 1, 8)])
-        with caplog.at_level(logging.WARNING, logger="babysitter.node.sentinel"):
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.storage.sentinel"):
             c = make([bad, good])
             scrape(c)
             s = scrape(c)
