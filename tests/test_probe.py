@@ -22,12 +22,12 @@ from babysitter.probe import (
     find_lemons,
     host_file_name,
     read_report,
-    render_table,
     write_report,
 )
 from babysitter.probe.collective import SINGLE_PROCESS, bus_bandwidth, measure_allreduce
 from babysitter.probe.lemons import flag_below_median
 from babysitter.probe.storage import MAX_SIZE_BYTES, measure_storage
+from babysitter.views.probe import render_table
 from node_helpers import scrape
 
 
