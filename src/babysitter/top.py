@@ -29,6 +29,7 @@ from babysitter.catalog import node as N
 from babysitter.catalog import train as T
 
 __all__ = [
+    "PROMETHEUS_METRICS",
     "AlertRow",
     "Frame",
     "MetricsSource",
@@ -41,6 +42,21 @@ __all__ = [
 ]
 
 _TIMEOUT = 5.0
+#: What :class:`PrometheusSource` queries: a distributed tier must keep these (see
+#: ``babysitter.generate.distributed``, which drops what nothing reads before remote_write).
+PROMETHEUS_METRICS = (
+    T.STEP,
+    T.MFU,
+    T.STEP_DURATION,
+    T.LAST_STEP_TIMESTAMP,
+    T.CKPT_LAST_SUCCESS,
+    G.GOODPUT,
+    G.RESTARTS,
+    N.GPU_UP,
+    N.GPU_XID_ERRORS,
+    N.GPU_TEMPERATURE,
+    N.GPU_UTILIZATION,
+)
 _MAX_BODY = 32 * 1024 * 1024
 
 

@@ -71,6 +71,17 @@ class GenerateConfig:
     #: How long a scrape target may be down before paging (rides out a restart or a short network blip).
     target_down_for: str = "5m"
 
+    # --- distributed tier (per-rack Prometheus agents remote-writing to a central tier) -----------
+    #: External label each rack's agent adds to what it sends (exporters/prometheus-agent.yml).
+    rack_label: str = "rack"
+    #: A rack whose node agents' ``up`` series sent nothing for this long pages: its agent
+    #: Prometheus died or cannot reach the central tier. Remote-write lag stays well below it.
+    rack_silent_window: str = "3m"
+    #: How far back a rack is remembered: a rack silent for longer no longer pages (decommissioned).
+    rack_lookback_window: str = "6h"
+    #: Extra wait before paging once a rack fell silent.
+    rack_silent_for: str = "2m"
+
     # --- MFU and stragglers -----------------------------------------------------------------------
     #: The run's own MFU baseline: median of its 5-minute MFU over this window.
     mfu_baseline_window: str = "6h"
@@ -161,8 +172,9 @@ class GenerateConfig:
     nonfinite_window: str = "10m"
 
     def __post_init__(self) -> None:
-        if not _LABEL.match(self.cluster_label):
-            raise ValueError(f"cluster_label is not a Prometheus label name: {self.cluster_label!r}")
+        for name in ("cluster_label", "rack_label"):
+            if not _LABEL.match(getattr(self, name)):
+                raise ValueError(f"{name} is not a Prometheus label name: {getattr(self, name)!r}")
         for item in fields(self):
             value = getattr(self, item.name)
             if item.name.endswith(("_window", "_for")):
@@ -198,6 +210,9 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         stall_lookback_window="5m",
         stall_for="0s",
         target_down_for="10s",
+        rack_silent_window="10s",
+        rack_lookback_window="5m",
+        rack_silent_for="0s",
         trainer_exit_window="1m",
         mfu_baseline_window="5m",
         mfu_drop_for="30s",
