@@ -94,3 +94,23 @@ def test_sample_limit_leaves_headroom_over_a_full_hosts_budget() -> None:
     full = per_node(8, 8)
     assert full == BUDGET.host + 8 * BUDGET.gpu + 7 * BUDGET.rank + BUDGET.rank0
     assert limit >= 1.5 * full
+
+
+def test_kubernetes_podmonitors_match_the_daemonset_and_the_budget() -> None:
+    """The node agent PodMonitor selects the DaemonSet's pods and port, with the generated sample limit;
+    both PodMonitors give the jobs the rules select on."""
+    daemonset = yaml.safe_load((REPO / "exporters/node-agent-daemonset.yaml").read_text())
+    agent = yaml.safe_load((REPO / "exporters/node-agent-podmonitor.yaml").read_text())
+    trainers = yaml.safe_load((REPO / "exporters/trainer-podmonitor.yaml").read_text())
+    pod = daemonset["spec"]["template"]
+    assert agent["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    (endpoint,) = agent["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in ports and endpoint["honorLabels"] is True
+    assert agent["spec"]["sampleLimit"] == AgentSettings().sample_limit
+    cfg = GenerateConfig()
+    for monitor, selector in ((agent, cfg.node_up_selector), (trainers, cfg.tracker_up_selector)):
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        (job,) = [r["replacement"] for r in endpoint["relabelings"] if r.get("targetLabel") == "job"]
+        wanted = re.fullmatch(r'job=~"(.*)"', selector)
+        assert wanted and re.fullmatch(wanted.group(1), job), (job, selector)
