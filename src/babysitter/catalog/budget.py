@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BUDGET", "SeriesBudget", "per_node"]
+__all__ = ["BUDGET", "MEASURED", "Measured", "SeriesBudget", "per_node"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,27 @@ class SeriesBudget:
 
 
 BUDGET = SeriesBudget()
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Series counts of the real exporters in the budget test's scenario (docs/metrics.md shows them).
+
+    ``tests/test_series_budget.py`` fails when a count differs from what it measures, so these are
+    never stale; ``*_before`` are the same test run against the code before the budget (16f5ca2).
+    """
+
+    rank: int
+    rank0: int
+    gpu: int
+    host: int
+    rank_before: int = 66
+    rank0_before: int = 83
+    gpu_before: int = 34
+    host_before: int = 36
+
+
+MEASURED = Measured(rank=17, rank0=44, gpu=30, host=27)
 
 
 def per_node(gpus: int = 8, ranks: int = 8, budget: SeriesBudget = BUDGET) -> int:

@@ -41,12 +41,14 @@ GOODPUT = MetricSpec(
     "gauge",
     "ratio",
     "Productive step time over wall time since the run first started, across restarts.",
+    ranks="rank0",
 )
 PRODUCTIVE_SECONDS = MetricSpec(
     "train_productive_seconds_total",
     "counter",
     "seconds",
     "Step time that became kept progress, since the run first started (continued across restarts).",
+    ranks="rank0",
 )
 BADPUT_SECONDS = MetricSpec(
     "train_badput_seconds_total",
@@ -54,9 +56,14 @@ BADPUT_SECONDS = MetricSpec(
     "seconds",
     "Wall time that did not become kept progress, by cause, since the run first started.",
     labels=("cause",),
+    ranks="rank0",
 )
 RESTARTS = MetricSpec(
-    "train_restarts_total", "counter", "", "Incarnations of this run after the first (restarts)."
+    "train_restarts_total",
+    "counter",
+    "",
+    "Incarnations of this run after the first (restarts).",
+    ranks="rank0",
 )
 
 LEDGER_WRITE_ERRORS = MetricSpec(
@@ -66,6 +73,7 @@ LEDGER_WRITE_ERRORS = MetricSpec(
     "Failed ledger operations (read-only or full disk, lock lost...) by operation; records are retried.",
     labels=("op",),
     source="self",
+    ranks="rank0",
 )
 LEDGER_SKIPPED_LINES = MetricSpec(
     "babysitter_ledger_skipped_lines_total",
@@ -74,6 +82,7 @@ LEDGER_SKIPPED_LINES = MetricSpec(
     "Ledger lines skipped when this process read the ledger at start: torn (cut by a crash) or invalid.",
     labels=("reason",),
     source="self",
+    ranks="rank0",
 )
 LEDGER_PENDING_BYTES = MetricSpec(
     "babysitter_ledger_pending_bytes",
@@ -81,6 +90,7 @@ LEDGER_PENDING_BYTES = MetricSpec(
     "bytes",
     "Ledger bytes waiting to be written (grows while the ledger's storage fails).",
     source="self",
+    ranks="rank0",
 )
 LEDGER_DROPPED_RECORDS = MetricSpec(
     "babysitter_ledger_dropped_records_total",
@@ -88,6 +98,7 @@ LEDGER_DROPPED_RECORDS = MetricSpec(
     "",
     "Ledger lines dropped because the pending buffer was full while the storage kept failing.",
     source="self",
+    ranks="rank0",
 )
 
 METRICS: tuple[MetricSpec, ...] = (

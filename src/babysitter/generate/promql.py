@@ -48,11 +48,14 @@ def join_matchers(*parts: str) -> str:
 
 
 def select(spec: MetricSpec, *matchers: str, suffix: str = "") -> str:
-    """A series selector for a catalog entry; ``suffix`` picks a histogram's ``_bucket/_sum/_count``."""
+    """A series selector for a catalog entry; ``suffix`` picks a histogram's ``_bucket/_sum/_count``
+    or a summary's ``_sum/_count``."""
     if suffix not in _SUFFIXES:
         raise ValueError(f"unknown series suffix {suffix!r}")
-    if suffix and spec.kind != "histogram":
+    if suffix and spec.kind not in ("histogram", "summary"):
         raise ValueError(f"{spec.name} is a {spec.kind}, it has no {suffix} series")
+    if suffix == "_bucket" and spec.kind != "histogram":
+        raise ValueError(f"{spec.name} is a summary, it has no _bucket series")
     inner = join_matchers(*matchers)
     name = spec.name + suffix
     return f"{name}{{{inner}}}" if inner else name

@@ -14,7 +14,7 @@ from babysitter.catalog import node as N
 from babysitter.catalog import storage as S
 from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig
-from babysitter.generate.promql import by, record_name, select
+from babysitter.generate.promql import by, eq, record_name, select
 
 __all__ = ["Records", "recording_groups", "recording_rules"]
 
@@ -71,8 +71,8 @@ class Records:
         return record_name(["run", "rank"], T.STEP_DURATION.name, f"ratio_to_median{self.cfg.rate_window}")
 
     def step_quantile(self, q: float) -> str:
-        """Step time quantile of a run over all ranks."""
-        return record_name(["run"], T.STEP_DURATION.name, f"p{round(q * 100)}_{self.cfg.rate_window}")
+        """Step time quantile of a run: rank 0's, over its last steps (ranks step in lockstep)."""
+        return record_name(["run"], T.STEP_DURATION.name, f"p{round(q * 100)}")
 
     @property
     def last_step(self) -> str:
@@ -131,8 +131,8 @@ def _training_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
     run, rank = by(r.run_key), by(r.rank_key)
     step_sum = select(T.STEP_DURATION, ts, suffix="_sum")
     step_count = select(T.STEP_DURATION, ts, suffix="_count")
-    step_bucket = select(T.STEP_DURATION, ts, suffix="_bucket")
     peak = select(T.PEAK_FLOPS, ts)
+    model_rate = f"rate({select(T.MODEL_FLOPS, ts)}[{w}]) and {peak}"
     bw = cfg.stall_baseline_window
     rules = [
         _rule(r.last_step, f"max {run} ({select(T.LAST_STEP_TIMESTAMP, ts)})"),
@@ -143,9 +143,11 @@ def _training_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
             r.mfu,
             f"sum {run} (rate({select(T.MODEL_FLOPS, ts)}[{w}]) and {peak})\n/\nsum {run} ({peak})",
         ),
+        # Trackers export hardware FLOPs only where recomputation is declared; elsewhere HFU is MFU.
         _rule(
             r.hfu,
-            f"sum {run} (rate({select(T.HARDWARE_FLOPS, ts)}[{w}]) and {peak})\n/\nsum {run} ({peak})",
+            f"(\n  sum {run} (rate({select(T.HARDWARE_FLOPS, ts)}[{w}]) and {peak})\n"
+            f"  or\n  sum {run} ({model_rate})\n)\n/\nsum {run} ({peak})",
         ),
         _rule(
             r.rank_step_mean, f"sum {rank} (rate({step_sum}[{w}]))\n/\nsum {rank} (rate({step_count}[{w}]))"
@@ -156,11 +158,8 @@ def _training_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
             f"quantile {run} (0.5, {r.rank_step_mean})",
         ),
         *(
-            _rule(
-                r.step_quantile(q),
-                f"histogram_quantile({q}, sum by ({', '.join(r.run_key)}, le) (rate({step_bucket}[{w}])))",
-            )
-            for q in (0.5, 0.9)
+            _rule(r.step_quantile(q), f"max {run} ({select(T.STEP_DURATION, ts, eq('quantile', f'{q:g}'))})")
+            for q in T.STEP_QUANTILES
         ),
         _rule(
             r.step_baseline, f"sum {run} (rate({step_sum}[{bw}]))\n/\nsum {run} (rate({step_count}[{bw}]))"
@@ -234,7 +233,6 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
     def out(record: str, **labels: str) -> str:
         return _series(record, {"cluster": "c1", **labels})
 
-    step_bucket = T.STEP_DURATION.name + "_bucket"
     series = [
         # MFU: ranks 0 and 1 at 50 and 30 FLOP/s of 100 each; rank 2's device has no known peak and must
         # not count on either side of the ratio.
@@ -249,9 +247,13 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
             for number, step_sum in (("0", 60), ("1", 60), ("2", 90))
             for part, per_min in (("sum", step_sum), ("count", 60))
         ),
-        (_series(step_bucket, rank("0", le="0.5")), "0+0x20"),
-        (_series(step_bucket, rank("0", le="1")), "0+60x20"),
-        (_series(step_bucket, rank("0", le="+Inf")), "0+60x20"),
+        # Rank 0's step-time quantiles (the other ranks have none).
+        (_series(T.STEP_DURATION.name, rank("0", quantile="0.5")), "0.75+0x20"),
+        (_series(T.STEP_DURATION.name, rank("0", quantile="0.9")), "0.95+0x20"),
+        # HFU: run r1 declares no recomputation (HFU = MFU); run r2 does (4/3 of its model FLOPs).
+        (_series(T.MODEL_FLOPS.name, {**base, "run": "r2", "rank": "0"}), "0+3000x20"),
+        (_series(T.HARDWARE_FLOPS.name, {**base, "run": "r2", "rank": "0"}), "0+4000x20"),
+        (_series(T.PEAK_FLOPS.name, {**base, "run": "r2", "rank": "0"}), "100+0x20"),
         (_series(T.STEPS.name, rank("0")), "0+60x20"),
         (_series(T.STEPS.name, rank("1")), "0+60x20"),
         (_series(T.LAST_STEP_TIMESTAMP.name, rank("0")), "0+60x20"),
@@ -268,7 +270,7 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
     ]
     at = "10m"
     cases: list[tuple[str, list[tuple[str, float]]]] = [
-        (r.mfu, [(out(r.mfu, run="r1"), 0.4)]),
+        (r.mfu, [(out(r.mfu, run="r1"), 0.4), (out(r.mfu, run="r2"), 0.5)]),
         (
             r.rank_step_mean,
             [(out(r.rank_step_mean, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))],
@@ -277,7 +279,7 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
             r.rank_step_ratio,
             [(out(r.rank_step_ratio, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))],
         ),
-        # Linear interpolation inside the (0.5, 1] bucket: 0.5 + 0.5 x 0.5.
+        (r.hfu, [(out(r.hfu, run="r1"), 0.4), (out(r.hfu, run="r2"), 4000 / 60 / 100)]),
         (r.step_quantile(0.5), [(out(r.step_quantile(0.5), run="r1"), 0.75)]),
         (r.step_quantile(0.9), [(out(r.step_quantile(0.9), run="r1"), 0.95)]),
         (r.last_step, [(out(r.last_step, run="r1"), 600.0)]),
