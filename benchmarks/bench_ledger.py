@@ -32,6 +32,7 @@ from babysitter.ledger.records import (
     Record,
     Start,
     encode,
+    fence_tag,
 )
 
 US = 1_000_000
@@ -40,7 +41,12 @@ US = 1_000_000
 def generate(
     path: Path, *, steps: int, restarts: int, days: float, flush: float, seed: int = 1
 ) -> dict[str, float]:
-    """Write a realistic ledger: what LedgerWriter writes for such a run (one progress line per flush)."""
+    """Write a realistic ledger: what LedgerWriter writes for such a run (one progress line per flush).
+
+    Data wait per step: 95 % of steps wait 20 us - 2 ms for their batch (a prefetching loader), 5 %
+    stall 10 ms - 2 s; every line carries its writer's fencing tag, and is written some time after its
+    last boundary (up to a step, at most a flush interval), as the writer's lines are.
+    """
     rng = random.Random(seed)
     wall = days * 86400.0
     downtime_total = restarts * 600.0
@@ -55,19 +61,25 @@ def generate(
     last_ckpt = 0
     written = 0
     out: list[bytes] = []
+    tag: str | None = None
 
     def put(rec: Record) -> None:
-        out.append(encode(rec))
+        out.append(encode(rec, fence=None if isinstance(rec, Start) else tag))
+
+    def wait_us() -> int:
+        return rng.randrange(20, 2_000) if rng.random() < 0.95 else rng.randrange(10_000, 2_000_000)
 
     boundaries = 0
     for inc in range(restarts + 1):
         pst = t
         t += 20.0
+        incarnation_id = f"{rng.getrandbits(64):016x}"
+        tag = fence_tag(incarnation_id)
         put(
             Start(
                 t=round(t * US),
                 pst=round(pst * US),
-                id=f"{inc:016x}",
+                id=incarnation_id,
                 host=f"node-{inc % 7}",
                 pid=1000 + inc,
                 run="bench",
@@ -87,6 +99,7 @@ def generate(
         stop = crash_times[inc] + 1_700_000_000.0 if inc < restarts else end_of_run
         batch_steps: list[int] = []
         batch_ends: list[int] = []
+        batch_waits: list[int] = []
         next_flush = t + flush
         peak: float | None = 9.89e14
         while t < stop and boundaries < steps:
@@ -95,6 +108,7 @@ def generate(
             boundaries += 1
             batch_steps.append(step)
             batch_ends.append(round(t * US))
+            batch_waits.append(wait_us())
             extra: list[Record] = []
             if step % every == 0:
                 extra.append(CheckpointBegin(t=round(t * US), op="save", step=step, path=f"/ck/{step}"))
@@ -112,16 +126,17 @@ def generate(
             if t >= next_flush or extra:
                 put(
                     Progress(
-                        t=round(t * US),
+                        t=round((t + rng.uniform(0.0, min(step_time, flush))) * US),
                         steps=tuple(batch_steps),
                         ends=tuple(batch_ends),
-                        data_wait=rng.randrange(0, 50_000),
+                        data_wait=sum(batch_waits),
                         model_flops=0.45 * 9.89e14 * step_time * len(batch_steps),
                         peak_flops=peak,
+                        waits=tuple(batch_waits),
                     )
                 )
                 peak = None  # like the writer: the peak only when it changes
-                batch_steps, batch_ends = [], []
+                batch_steps, batch_ends, batch_waits = [], [], []
                 for rec in extra:
                     put(rec)
                 next_flush = t + flush
@@ -131,9 +146,10 @@ def generate(
                     t=round(t * US),
                     steps=tuple(batch_steps),
                     ends=tuple(batch_ends),
-                    data_wait=0,
+                    data_wait=sum(batch_waits),
                     model_flops=0.45 * 9.89e14 * step_time * len(batch_steps),
                     peak_flops=peak,
+                    waits=tuple(batch_waits),
                 )
             )
         if inc < restarts:
@@ -194,7 +210,13 @@ def writer_cost(tmp: Path, steps: int = 200_000, per_call: int = 1) -> dict[str,
         batch = [(step + i + 1, t + (step + i + 1) * 0.5) for i in range(per_call)]
         step += per_call
         t0 = time.thread_time()
-        w.progress(boundaries=batch, data_wait_seconds=0.001, model_flops=1e15, peak_flops=1e15)
+        w.progress(
+            boundaries=batch,
+            data_wait_seconds=0.001 * per_call,
+            model_flops=1e15,
+            peak_flops=1e15,
+            data_waits=[0.001] * per_call,
+        )
         t1 = time.thread_time()
         call_s += t1 - t0
         calls += 1

@@ -17,6 +17,7 @@ from babysitter.ledger.records import (
     Record,
     Start,
     encode,
+    fence_tag,
 )
 from babysitter.ledger.timeline import Timeline
 
@@ -32,21 +33,54 @@ def s(x: float) -> int:
 
 
 class Book:
-    """A ledger written by hand, record by record."""
+    """A ledger written by hand, record by record; each line tagged as its writer would tag it (the
+    newest start's incarnation, unless :meth:`as_writer` says otherwise)."""
 
     def __init__(self) -> None:
         self.records: list[Record] = []
+        self.tags: list[str | None] = []
         self._n = 0
+        self._tag: str | None = None
+
+    def _add(self, record: Record) -> None:
+        self.records.append(record)
+        self.tags.append(self._tag)
 
     def start(self, t: float, *, pst: float | None = None) -> Book:
         self._n += 1
-        self.records.append(
+        self._tag = fence_tag(f"i{self._n}")
+        self._add(
             Start(t=s(t), pst=s(t if pst is None else pst), id=f"i{self._n}", host="h", pid=self._n, run="r")
         )
         return self
 
+    def segment(self, t: float, *, last_step: int, last_end: float, resumed: int | None = 0) -> Book:
+        """The current incarnation's continuation start (its writer found the file deleted)."""
+        first = next(r for r in reversed(self.records) if isinstance(r, Start))
+        count = sum(1 for r in self.records if isinstance(r, Start) and r.id == first.id)
+        self._add(
+            Start(
+                t=s(t),
+                pst=first.pst,
+                id=first.id,
+                host=first.host,
+                pid=first.pid,
+                run=first.run,
+                segment=count,
+                last_step=last_step,
+                last_end=s(last_end),
+                resumed=resumed,
+            )
+        )
+        return self
+
+    def as_writer(self, n: int) -> Book:
+        """The following lines are written by incarnation ``n`` (1-based), e.g. a fenced one."""
+        self._tag = fence_tag(f"i{n}")
+        return self
+
     def steps(self, first: int, ends: list[float], *, data_wait: float = 0.0) -> Book:
-        self.records.append(
+        self._add(
             Progress(
                 t=s(ends[-1]),
                 steps=tuple(range(first, first + len(ends))),
@@ -59,32 +93,31 @@ class Book:
         return self
 
     def save(self, t0: float, t1: float | None, step: int, *, ok: bool = True) -> Book:
-        self.records.append(CheckpointBegin(t=s(t0), op="save", step=step, path=f"/ck/{step}"))
+        self._add(CheckpointBegin(t=s(t0), op="save", step=step, path=f"/ck/{step}"))
         if t1 is not None:
-            self.records.append(
-                CheckpointEnd(t=s(t1), op="save", step=step, ok=ok, nbytes=100, path=f"/ck/{step}")
-            )
+            self._add(CheckpointEnd(t=s(t1), op="save", step=step, ok=ok, nbytes=100, path=f"/ck/{step}"))
         return self
 
     def load(self, t0: float, t1: float, step: int, *, ok: bool = True) -> Book:
-        self.records.append(CheckpointBegin(t=s(t0), op="load", step=step, path=None))
-        self.records.append(CheckpointEnd(t=s(t1), op="load", step=step, ok=ok, nbytes=None, path=None))
+        self._add(CheckpointBegin(t=s(t0), op="load", step=step, path=None))
+        self._add(CheckpointEnd(t=s(t1), op="load", step=step, ok=ok, nbytes=None, path=None))
         return self
 
     def phase(self, name: str, t0: float, t1: float) -> Book:
-        self.records += [PhaseBegin(t=s(t0), name=name), PhaseEnd(t=s(t1), name=name)]
+        self._add(PhaseBegin(t=s(t0), name=name))
+        self._add(PhaseEnd(t=s(t1), name=name))
         return self
 
     def hang(self, t: float, step: int, since: float) -> Book:
-        self.records.append(Hang(t=s(t), step=step, since=round(since * US)))
+        self._add(Hang(t=s(t), step=step, since=round(since * US)))
         return self
 
     def alive(self, t: float) -> Book:
-        self.records.append(Alive(t=s(t)))
+        self._add(Alive(t=s(t)))
         return self
 
     def end(self, t: float, *, clean: bool = True) -> Book:
-        self.records.append(End(t=s(t), clean=clean))
+        self._add(End(t=s(t), clean=clean))
         return self
 
     def timeline(self) -> Timeline:
@@ -99,8 +132,12 @@ class Book:
             now=None if now is None else T0 + now, live=live, tail=tail, hold=hold
         )
 
+    def encoded(self) -> list[bytes]:
+        """The ledger's lines, as the writer encodes them."""
+        return [encode(r, fence=tag) for r, tag in zip(self.records, self.tags, strict=True)]
+
     def write(self, path: Path) -> Path:
-        path.write_bytes(b"".join(encode(r) for r in self.records))
+        path.write_bytes(b"".join(self.encoded()))
         return path
 
 

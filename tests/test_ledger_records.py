@@ -39,12 +39,34 @@ SAMPLE = [
         peak_flops=9.89e14,
     ),
     Progress(t=T0 + 9, steps=(5, 7), ends=(T0 + 5, T0 + 9), data_wait=0, model_flops=0.0, peak_flops=None),
+    Progress(
+        t=T0 + 9,
+        steps=(8, 9),
+        ends=(T0 + 9, T0 + 9),
+        data_wait=3,
+        model_flops=0.0,
+        peak_flops=None,
+        waits=(3, 0),
+        extra=((0, 70),),
+    ),
     CheckpointBegin(t=T0 + 10, op="save", step=7, path="/ck/7"),
     CheckpointEnd(t=T0 + 20, op="save", step=7, ok=True, nbytes=123, path="/ck/7"),
     CheckpointEnd(t=T0 + 21, op="save", step=8, ok=False, nbytes=None, path=None),
     PhaseBegin(t=T0 + 30, name="eval"),
     PhaseEnd(t=T0 + 40, name="eval"),
     Hang(t=T0 + 50, step=7, since=40),
+    Start(
+        t=T0 + 55,
+        pst=T0 - 5_000_000,
+        id="abc",
+        host="node-1",
+        pid=42,
+        run="r",
+        segment=1,
+        last_step=9,
+        last_end=T0 + 9,
+        resumed=0,
+    ),
     Alive(t=T0 + 60),
     End(t=T0 + 70, clean=True),
 ]
@@ -60,11 +82,38 @@ def test_every_record_kind_round_trips() -> None:
 
 def test_unknown_version_and_kind_are_schema_errors() -> None:
     with pytest.raises(SchemaError):
-        decode({"v": 2, "k": "alive", "t": 1})
+        decode({"v": 3, "k": "alive", "t": 1})
     with pytest.raises(SchemaError):
         decode({"v": 1, "k": "nope", "t": 1})
     with pytest.raises(SchemaError):
         decode({"v": 1, "k": "alive", "t": 1.5})
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        {"v": 2, "k": "alive", "t": 2**63},
+        {"v": 2, "k": "alive", "t": -1},
+        {"v": 2, "k": "alive", "t": True},
+        {"v": 1, "k": "prog", "s": 2**63, "b0": 1, "d": []},
+        {"v": 1, "k": "prog", "s": 1, "b0": 2**53, "d": []},
+        {"v": 1, "k": "prog", "s": 1, "b0": 2**52, "d": [2**52]},  # the sum leaves the range
+        {"v": 1, "k": "prog", "s": 1, "b0": 1, "d": [1], "ss": [1, 2**64]},
+        {"v": 2, "k": "prog", "s": 1, "b0": 1, "dd": [1, 1]},  # one wait per boundary, interleaved
+        {"v": 2, "k": "prog", "s": 1, "b0": 1, "d": [], "mf": float("inf")},
+        {"v": 2, "k": "prog", "s": 1, "b0": 1, "d": [], "x": [[1, 5]]},
+        {"v": 2, "k": "cke", "t": 1, "op": "save", "step": 1, "ok": True, "bytes": 2**63, "path": None},
+        {"v": 2, "k": "start", "t": 1, "pst": 1, "id": "a", "host": "h", "pid": -5, "run": "r"},
+    ],
+)
+def test_out_of_range_fields_are_schema_errors(line: dict[str, object]) -> None:
+    with pytest.raises(SchemaError):
+        decode(line)
+
+
+def test_out_of_range_fields_are_refused_by_the_encoder() -> None:
+    with pytest.raises(ValueError, match="outside"):
+        encode(Hang(t=T0, step=2**63, since=0))
 
 
 def test_truncation_at_every_byte_reads_a_prefix(tmp_path: Path) -> None:

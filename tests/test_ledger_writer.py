@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -14,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+import babysitter
 from babysitter.catalog import goodput as G
-from babysitter.ledger import LedgerLockedError, LedgerWriter, read_ledger, summarize
+from babysitter.ledger import LedgerWriter, read_ledger, summarize
 from babysitter.ledger.records import CheckpointEnd, End, Progress, Start
 from test_ledger_helpers import T0, Book, ramp
 
@@ -34,7 +36,8 @@ def samples(writer: LedgerWriter, now: float | None = None) -> dict[tuple[str, s
     out = {}
     for family in writer.metrics(["run"], ["r"], time.time() if now is None else now):
         for s in family.samples:
-            key = s.labels.get("cause") or s.labels.get("op") or s.labels.get("reason") or ""
+            labels = s.labels
+            key = labels.get("cause") or labels.get("op") or labels.get("reason") or labels.get("state") or ""
             out[(s.name, key)] = s.value
     return out
 
@@ -54,13 +57,15 @@ def make(writers: list[LedgerWriter], run_dir: Path, **kw: object) -> LedgerWrit
     return w
 
 
-def drive(w: LedgerWriter, t0: float, first: int, n: int, dt: float = 0.1) -> float:
+def drive(w: LedgerWriter, t0: float, first: int, n: int, dt: float = 0.1, *, wait: float = 0.0) -> float:
+    """``n`` steps of ``dt`` seconds from ``first`` on, ``wait`` seconds of data wait in each."""
     for k in range(n):
         w.progress(
             boundaries=[(first + k, t0 + (k + 1) * dt)],
-            data_wait_seconds=0.0,
+            data_wait_seconds=wait,
             model_flops=1e9,
             peak_flops=1e12,
+            data_waits=[wait],
         )
     return t0 + n * dt
 
@@ -92,15 +97,24 @@ def test_events_reach_the_file_in_batches_and_metrics_match_the_report(
     assert oct((tmp_path / LEDGER).stat().st_mode & 0o777) == oct(0o644)
 
 
-def test_a_second_live_writer_is_refused_with_a_clear_message(
-    tmp_path: Path, writers: list[LedgerWriter]
+def test_a_second_live_writer_waits_with_a_clear_message_and_takes_over_when_the_first_ends(
+    tmp_path: Path, writers: list[LedgerWriter], caplog: pytest.LogCaptureFixture
 ) -> None:
     first = make(writers, tmp_path)
-    with pytest.raises(LedgerLockedError, match=rf"pid {os.getpid()} on host '{socket.gethostname()}'"):
-        LedgerWriter(tmp_path, run="r")
+    first.incarnation_start(time=time.time(), info={})
+    with caplog.at_level(logging.WARNING, logger="babysitter.ledger.writer"):
+        second = make(writers, tmp_path)
+    assert any(
+        f"pid {os.getpid()} on host '{socket.gethostname()}'" in r.getMessage() for r in caplog.records
+    )
+    second.incarnation_start(time=time.time(), info={})
+    time.sleep(0.1)
+    assert samples(second)[(G.LEDGER_WRITER_STATE.name, "waiting")] == 1
+    assert len(read_ledger(tmp_path / LEDGER).records) == 1  # only the first one's start
     first.close(time=time.time(), clean=True)
-    assert not (tmp_path / (LEDGER + ".lock")).exists()
-    make(writers, tmp_path)  # free again
+    wait_for(lambda: samples(second).get((G.LEDGER_WRITER_STATE.name, "writing")) == 1)
+    wait_for(lambda: len(read_ledger(tmp_path / LEDGER).records) == 3)
+    assert [type(r) for r in read_ledger(tmp_path / LEDGER).records] == [Start, End, Start]
 
 
 def _lock(path: Path, **fields: object) -> None:
@@ -121,9 +135,12 @@ def test_lock_of_another_host_is_live_until_its_heartbeat_goes_stale(
 ) -> None:
     lock = tmp_path / (LEDGER + ".lock")
     _lock(lock, heartbeat=time.time() - 5)
-    with pytest.raises(LedgerLockedError, match="other-host"):
-        LedgerWriter(tmp_path, run="r", stale_after=60)
+    waiting = make(writers, tmp_path, stale_after=60)
+    assert waiting.state == "waiting"
+    waiting.close(time=time.time(), clean=False)
+    assert json.loads(lock.read_text())["host"] == "other-host"  # not taken, not removed
     _lock(lock, heartbeat=time.time() - 600)
+    os.utime(lock, (time.time() - 600, time.time() - 600))  # the heartbeat is the file's mtime
     w = make(writers, tmp_path, stale_after=60)
     assert json.loads(lock.read_text())["pid"] == os.getpid()
     assert w.write_errors == 0
@@ -224,14 +241,19 @@ def test_full_disk_training_goes_on_errors_counted_one_warning_records_retried(
     assert got[(G.LEDGER_WRITE_ERRORS.name, "write")] >= 3
     assert got[(G.LEDGER_PENDING_BYTES.name, "")] > 0
     assert got[(G.BADPUT_SECONDS.name, "startup")] > 0  # goodput still computed from memory
-    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1
-    assert "write failed" in warnings[0].getMessage()
-    assert "ENOSPC" in warnings[0].getMessage() or "No space" in warnings[0].getMessage()
-    # The disk recovers: the kept records land in the ledger.
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    # The swap of the file for /dev/full is seen (once), the failing writes are logged once.
+    assert len(warnings) == 2
+    assert "deleted or replaced" in warnings[0]
+    assert "write failed" in warnings[1]
+    assert "ENOSPC" in warnings[1] or "No space" in warnings[1]
+    # The disk recovers: the kept records land in the ledger, after one continuation start.
     path.unlink()
     wait_for(lambda: samples(w)[(G.LEDGER_PENDING_BYTES.name, "")] == 0)
-    steps = [s for r in read_ledger(path).records if isinstance(r, Progress) for s in r.steps]
+    records = read_ledger(path).records
+    assert isinstance(records[0], Start) and records[0].segment == 1
+    assert [r for r in records if isinstance(r, Start)] == [records[0]]
+    steps = [s for r in records if isinstance(r, Progress) for s in r.steps]
     assert steps == list(range(1, 51))
 
 
@@ -307,3 +329,21 @@ def test_bad_options_fail_at_setup(tmp_path: Path) -> None:
         LedgerWriter(tmp_path, run="")
     with pytest.raises(ValueError, match="flush_interval"):
         LedgerWriter(tmp_path, run="r", flush_interval=0)
+
+
+def test_the_docs_name_the_metric_that_counts_a_full_disk(
+    tmp_path: Path, writers: list[LedgerWriter]
+) -> None:
+    """Issue 12.15: the README and watch()'s docstring said a full disk is counted in
+    babysitter_internal_errors_total; the ledger counts it in babysitter_ledger_write_errors_total."""
+    (tmp_path / LEDGER).symlink_to("/dev/full")
+    w = make(writers, tmp_path)
+    w.incarnation_start(time=time.time(), info={})
+    wait_for(lambda: w.write_errors >= 1)
+    counted = {name for (name, _), value in samples(w).items() if name.endswith("errors_total") and value}
+    assert counted == {G.LEDGER_WRITE_ERRORS.name}
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for where, text in (("README.md", readme), ("watch()", babysitter.watch.__doc__ or "")):
+        named = re.search(r"full disk[^`]*`+(babysitter_\w+)", text.replace("\n", " "))
+        assert named is not None, where
+        assert named.group(1) == G.LEDGER_WRITE_ERRORS.name, where

@@ -250,3 +250,56 @@ def test_nvml_xid_events_register(collector: Any) -> None:
         xid.close()
     record("xid_nvml_events", status=status)
     assert status == (True, ""), status
+
+
+def test_xid_collector_reads_the_real_kernel_log_and_restarts_to_the_same_counts(
+    collector: Any, tmp_path: Any
+) -> None:
+    """Xids since boot on the real ``/dev/kmsg`` with real NVML events: the ring buffer's history is
+    read, both sources report healthy, and a restarted collector (state file kept) counts the same."""
+    import os
+
+    from babysitter.node.xid import XidCollector
+
+    if not os.access("/dev/kmsg", os.R_OK):
+        pytest.skip("/dev/kmsg is not readable by this user (the agent needs root or CAP_SYSLOG)")
+
+    def run_once() -> tuple[dict[str, Any], list[tuple[dict[str, str], float]], float]:
+        xid = XidCollector(
+            gpus=collector.identities,
+            kmsg_path="/dev/kmsg",
+            nvml=load_pynvml(),
+            state_path=str(tmp_path / "xid-state.json"),
+        )
+        t0 = time.monotonic()
+        xid.start()
+        try:
+            deadline = t0 + 30
+            while time.monotonic() < deadline:
+                status = xid.source_status()
+                follower = xid.follower
+                if "nvml" in status and "kmsg" in status and follower is not None and follower.live:
+                    break
+                time.sleep(0.05)
+            ready = time.monotonic() - t0
+            status = xid.source_status()
+            series = [
+                (dict(s.labels), s.value) for s in scrape(xid).samples if s.name == N.GPU_XID_ERRORS.name
+            ]
+        finally:
+            xid.close()
+        return status, series, ready
+
+    first_status, first, first_ready = run_once()
+    second_status, second, second_ready = run_once()
+    record(
+        "xid_real_kmsg",
+        status=first_status,
+        seconds_to_live=first_ready,
+        xid_series=first,
+        restart_status=second_status,
+        restart_seconds_to_live=second_ready,
+        restart_xid_series=second,
+    )
+    assert first_status.get("kmsg") == (True, "") and first_status.get("nvml") == (True, ""), first_status
+    assert sorted(map(str, first)) == sorted(map(str, second)), (first, second)

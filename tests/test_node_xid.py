@@ -158,19 +158,19 @@ class TestNvml:
 
 
 class TestKernelLog:
-    def test_history_not_counted_new_lines_are(self, kernel_log: Path, make) -> None:
+    def test_history_and_new_lines_are_counted(self, kernel_log: Path, make) -> None:
         append(kernel_log, "[ 5.0] NVRM: GPU at PCI:0000:77:00: GPU-77777777-0000-4000-8000-000000000077\n")
-        append(kernel_log, xid_line("0000:77:00", 48))  # before the agent started: not new
+        append(kernel_log, xid_line("0000:77:00", 48))  # before the agent started: counted (since boot)
         c = make(gpus=list, kmsg_path=str(kernel_log))
         wait_live(c)
         assert c.follower.records == 3
-        assert total(c) == 0
+        assert total(c) == 1
         append(kernel_log, xid_line("0000:77:00", 48))
-        wait_for(lambda: total(c) == 1)
+        wait_for(lambda: total(c) == 2)
         # an unknown bus is still counted, with the UUID the driver printed for it
         s = scrape(c)
-        assert s.value(XID, gpu="", model="", pci_bus_id="0000:77:00", xid="48", action="workflow") == 1
-        assert s.value(XID, xid="48", uuid="GPU-77777777-0000-4000-8000-000000000077") == 1
+        assert s.value(XID, gpu="", model="", pci_bus_id="0000:77:00", xid="48", action="workflow") == 2
+        assert s.value(XID, xid="48", uuid="GPU-77777777-0000-4000-8000-000000000077") == 2
 
     def test_known_bus_gets_the_gpus_labels(self, lib: FakeNvml, kernel_log: Path, make) -> None:
         c = make(gpus=lambda: identities(lib), kmsg_path=str(kernel_log))

@@ -67,6 +67,39 @@ class TestDriverFormats:
         assert parser.forged == 1  # prio 12 = facility 1 (LOG_USER): a userspace write, not the driver
         assert parser.lost_records == 2  # seq 1204 -> 1207
 
+    def test_mig_gpu_and_compute_instance_in_the_bus_field(self) -> None:
+        """MIG lines carry ``GPU-I:%02u`` (and ``GPU-CI:%02u``) after the bus id (kernel_rc.c)."""
+        events, _ = _parse_file("dmesg_mig_a100.log")
+        uuid = "GPU-5c9d7c7e-3f7a-4f1b-9a2b-6b3e1d2c4a5f"
+        found = [
+            (e.xid, e.pci_bus_id, e.uuid, e.pid, e.process, e.gpu_instance, e.compute_instance)
+            for e in events
+        ]
+        assert found == [
+            (94, "0000:01:00", uuid, 7194, "", 5, None),  # GPU instance only
+            (94, "0000:01:00", uuid, 7062, "", None, None),  # the same GPU, not attributed
+            (13, "0000:01:00", uuid, 8123, "python3", 1, 0),  # GPU and compute instance
+            (31, "0000:01:00", uuid, 8200, "pt_main_thread", 2, 1),
+            (43, "0000:01:00", uuid, 8123, "python3", 1, 0),
+            (45, "0000:01:00", uuid, 8123, "python3", 13, None),
+            (95, "0000:01:00", uuid, 7062, "", None, None),
+        ]
+        assert events[0].message == "Contained: CE User Channel (0x9). RST: No, D-RST: No"
+        assert events[5].message == "Ch 00000008 caused by previous Xid 13"
+
+    def test_mig_kmsg_record(self) -> None:
+        event = KernelLogParser().feed(
+            "4,2201,7290551100,-;NVRM: Xid (PCI:0000:01:00 GPU-I:03 GPU-CI:02): 13, pid=1, name=a, text"
+        )
+        assert event is not None
+        assert (event.xid, event.pci_bus_id, event.gpu_instance, event.compute_instance, event.seq) == (
+            13,
+            "0000:01:00",
+            3,
+            2,
+            2201,
+        )
+
     def test_five_digit_pci_domain_behind_vmd(self) -> None:
         event = KernelLogParser().feed("NVRM: Xid (PCI:10000:01:00): 79, GPU has fallen off the bus.")
         assert event is not None
@@ -95,6 +128,10 @@ class TestGarbage:
             "NVRM: Xid (PCI:0000:9b",
             "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal",
             "NVRM: Xid (PCI:0000:9b:00): 0, zero",
+            "NVRM: Xid (PCI:0000:01:00 GPU-I:05",  # cut inside the instance
+            "NVRM: Xid (PCI:0000:01:00 GPU-I:xx): 94, not a number",
+            "NVRM: Xid (PCI:0000:01:00 GPU-CI:01): 94, compute instance without its GPU instance",
+            "NVRM: Xid (PCI:0000:01:00 GPU-I:05 ): 94, stray space",
             "",
             "\x00" * 100_000,
             "NVRM: " + "Xid " * 10_000,
@@ -125,7 +162,7 @@ def test_100k_line_log_counts_every_xid() -> None:
         if kind < 0.02:
             xid = rng.choice([13, 31, 43, 45, 48, 63, 74, 79, 94, 95, 119, 154])
             expected[xid] += 1
-            fmt = rng.randrange(4)
+            fmt = rng.randrange(5)
             if fmt == 0:
                 lines.append(f"[{i / 10:12.6f}] NVRM: Xid (PCI:{bus}): {xid}, pid={i}, name=python3, text")
             elif fmt == 1:
@@ -134,6 +171,11 @@ def test_100k_line_log_counts_every_xid() -> None:
                 )
             elif fmt == 2:
                 lines.append(f"Nov 30 02:13:01 node kernel: NVRM: Xid (PCI:{bus}.0): {xid}, GPU text.")
+            elif fmt == 3:
+                mig = f"GPU-I:{rng.randrange(1, 15):02d}" + rng.choice(
+                    ["", f" GPU-CI:{rng.randrange(8):02d}"]
+                )
+                lines.append(f"[{i}.0] NVRM: Xid (PCI:{bus} {mig}): {xid}, pid={i}, name=python3, MIG")
             else:
                 lines.append(f"[{i}.0] NVRM: Xid ({bus}): {xid}, 0003 00000000")
         elif kind < 0.03:
@@ -166,16 +208,46 @@ class TestCatalog:
             (119, "reset_gpu"),
             (145, "workflow"),
             (154, "workflow"),
+            (108, "ignore"),  # the catalog page: IGNORE (NVSentinel's CSV: report issue)
+            (160, "ignore"),  # the catalog page: IGNORE (NVSentinel's CSV: RESTART_BM)
         ],
     )
     def test_actions_follow_nvidia_buckets(self, xid: int, action: str) -> None:
         assert xid_catalog.action_for(xid) == action
 
+    @pytest.mark.parametrize(
+        ("xid", "action"),
+        [
+            (162, "ignore"),
+            (163, "workflow"),
+            (164, "workflow"),
+            (165, "workflow"),
+            (166, "drain"),
+            (167, "reset_gpu"),
+            (168, "drain"),
+            (169, "reset_gpu"),
+            (170, "drain"),
+            (171, "workflow"),
+            (172, "workflow"),
+        ],
+    )
+    def test_codes_nvidia_lists_without_a_bucket_get_our_action(self, xid: int, action: str) -> None:
+        info = xid_catalog.lookup(xid)
+        assert info is not None
+        assert (info.nvidia_bucket, info.action) == ("", action)
+
     def test_every_row_has_a_known_action_and_a_meaning(self) -> None:
-        assert set(xid_catalog.CATALOG) == set(range(1, 162))
+        assert set(xid_catalog.CATALOG) == set(range(1, 173))
         for info in xid_catalog.CATALOG.values():
             assert info.action in xid_catalog.ACTIONS
             assert info.meaning
+        assert sum(not info.nvidia_bucket for info in xid_catalog.CATALOG.values()) == 11  # 162-172
+
+    @pytest.mark.parametrize("xid", [173, 176, 177, 999])
+    def test_codes_newer_than_the_catalog_are_unknown(self, xid: int) -> None:
+        """173-176 are in the driver's nverror.h but not in NVIDIA's catalog: counted as unknown."""
+        assert xid_catalog.lookup(xid) is None
+        assert xid_catalog.action_for(xid) == xid_catalog.UNKNOWN_ACTION
 
     def test_unknown_code_is_unknown_not_dropped(self) -> None:
         assert xid_catalog.lookup(999) is None

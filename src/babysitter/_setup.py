@@ -13,12 +13,13 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from babysitter.dist import RankInfo, detect_rank
 from babysitter.export.http import TLSConfig
+from babysitter.flops.parallel import ParallelLayout
 from babysitter.labels import sanitize_value, validate_labels
 
 __all__ = ["FlopsChoice", "PeakChoice", "TrackerConfig", "resolve"]
@@ -67,6 +68,8 @@ class TrackerConfig:
     flush_interval: float
     mfu_window: float
     timing: str
+    #: How this rank's data-parallel replica is split (tokens and FLOPs are shared among its ranks).
+    parallel: ParallelLayout = field(default_factory=ParallelLayout)
 
 
 def _positive_number(name: str, value: object, *, allow_zero: bool = False) -> float:
@@ -224,8 +227,11 @@ def resolve(
     mfu_window: float,
     timing: str,
     env: Mapping[str, str] | None = None,
+    parallelism: object = None,
 ) -> TrackerConfig:
     """Check every argument; raise TypeError/ValueError naming the bad one."""
+    from babysitter.flops.parallel import resolve_layout
+
     env = os.environ if env is None else env
     rank = detect_rank(env)
     run_path = Path(run_dir) if run_dir is not None else None
@@ -260,4 +266,5 @@ def resolve(
         flush_interval=_positive_number("flush_interval", flush_interval),
         mfu_window=_positive_number("mfu_window", mfu_window),
         timing=_timing(timing, model),
+        parallel=resolve_layout(parallelism, world_size=rank.world_size, model=model),
     )

@@ -31,10 +31,17 @@ class RunEvents(Protocol):
         data_wait_seconds: float,
         model_flops: float,
         peak_flops: float | None,
+        data_waits: Sequence[float] | None = None,
+        dropped: int = 0,
     ) -> None:
         """Steps finished since the last call: ``(global_step, unix_time_of_step_end)`` in order;
         the time spent blocked on the input pipeline, and the model FLOPs this rank did, over the same
-        stretch; this rank's dense peak FLOP/s (None when unknown) so MFU can be plotted later."""
+        stretch; this rank's dense peak FLOP/s (None when unknown) so MFU can be plotted later.
+
+        ``data_waits``: the same wait split by boundary (the wait inside each step, the wait before the
+        first step in the first boundary), so that a stall is booked on the step it happened in.
+        ``dropped``: boundaries before the first one that the tracker could not keep one by one; their
+        time is in the first boundary's step."""
 
     def checkpoint_begin(self, *, kind: CheckpointKind, step: int, time: float, path: str | None) -> None:
         """A checkpoint save or load of ``step`` started (blocking part)."""
@@ -86,6 +93,8 @@ class NullEvents:
         data_wait_seconds: float,
         model_flops: float,
         peak_flops: float | None,
+        data_waits: Sequence[float] | None = None,
+        dropped: int = 0,
     ) -> None:
         """Ignored."""
 

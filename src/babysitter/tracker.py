@@ -1,7 +1,7 @@
 """The in-process tracker: a hot path of plain field updates, and everything else off it.
 
 ``step()`` runs once per optimizer step on the training thread. It reads the host clock, adds a few
-integers, writes three slots of a preallocated ring and, on CUDA, records one event. It takes no
+integers, writes five slots of a preallocated ring and, on CUDA, records one event. It takes no
 lock, reads no tensor, does no I/O and cannot raise into training. A housekeeping thread (and every
 scrape) folds the ring into histograms, feeds the run ledger, reads the loss and CUDA events once
 they are ready, and computes windowed MFU.
@@ -28,6 +28,7 @@ from babysitter._setup import TrackerConfig
 from babysitter.catalog import train as T
 from babysitter.deferred import LossReader
 from babysitter.events import NullEvents, RunEvents
+from babysitter.ledger.records import MAX_INT as _MAX_STEP
 from babysitter.timing import CudaStepTimer
 
 __all__ = ["CheckpointHandle", "Tracker", "TrackerSnapshot"]
@@ -50,8 +51,9 @@ class TrackerSnapshot:
     steps: int
     step: int
     last_step_time: float | None
-    tokens: int
-    samples: int
+    #: This rank's share of its data-parallel replica's tokens and samples (replica / (tp x pp x cp)).
+    tokens: float
+    samples: float
     tokens_per_second: float | None
     model_flops: float | None
     hardware_flops: float | None
@@ -152,6 +154,7 @@ class Tracker:
         loss_reader: LossReader | None = None,
     ) -> None:
         self.config = config
+        self._share = config.parallel.share
         self.errors = Tally("internal error")
         self.rejected = Tally("invalid input skipped")
         self._events: RunEvents = events if events is not None else NullEvents()
@@ -168,17 +171,20 @@ class Tracker:
         self._default_tokens = config.tokens_per_step or 0
         self._default_samples = config.samples_per_step or 0
         self._data_wait_ns = 0
+        self._stall_ns = 0  # the data wait outside checkpoints and phases: what the ledger books
         self._pause_ns = 0
         self._loss: object = None
         self._r_t = [0] * _RING
         self._r_tok = [0] * _RING
         self._r_pause = [0] * _RING
         self._r_step = [0] * _RING
+        self._r_wait = [0] * _RING
         # --- folded state: guarded by _lock (housekeeping thread and scrapes) ---
         self._lock = threading.Lock()
         self._folded = 0
         self._fold_tokens = 0
         self._fold_data_wait_ns = 0
+        self._fold_stall_ns = 0
         # Sum and count only (quantiles come from the recent steps); see catalog.train.STEP_QUANTILES.
         self._step_hist = Histogram(())
         self._recent_steps: deque[float] = deque(maxlen=T.STEP_QUANTILE_STEPS)
@@ -212,10 +218,12 @@ class Tracker:
     ) -> None:
         """Mark the end of one optimizer step. Never raises, never synchronizes the device.
 
-        ``tokens``/``samples``: processed by this rank in this step (default: ``tokens_per_step`` /
-        ``samples_per_step`` from :func:`watch`); pass Python ints (``batch.numel()`` is free, a
-        tensor sum is not). ``loss``: a number or a (device) tensor, read later off the hot path.
-        ``step``: the global step just completed, when the training loop knows it better.
+        ``tokens``/``samples``: of this rank's data-parallel replica in this step, i.e. the batch
+        this rank took part in (default: ``tokens_per_step`` / ``samples_per_step`` from
+        :func:`watch`); the tracker credits this rank with its share under tensor, pipeline or
+        context parallelism. Pass Python ints (``batch.numel()`` is free, a tensor sum is not).
+        ``loss``: a number or a (device) tensor, read later off the hot path. ``step``: the global
+        step just completed, when the training loop knows it better.
         """
         try:
             now = _perf_ns()
@@ -243,6 +251,7 @@ class Tracker:
             self._r_tok[j] = self._tokens
             self._r_pause[j] = self._pause_ns
             self._r_step[j] = self._step
+            self._r_wait[j] = self._stall_ns
             if self._timer is not None:
                 self._timer.mark(n)
             self._n = n + 1
@@ -252,6 +261,8 @@ class Tracker:
     def data(self, iterable: Iterable[Item]) -> Iterator[Item]:
         """Yield from ``iterable``, counting the time spent blocked waiting for each item.
 
+        The ledger books the wait on the step it falls in; a wait inside a checkpoint or a phase (an
+        eval loop fed through ``data()``) is already that interval's badput and is not booked again.
         The loader's own exceptions propagate unchanged: they belong to the training script.
         """
         iterator = iter(iterable)
@@ -261,14 +272,20 @@ class Tracker:
                 item = next(iterator)
             except StopIteration:
                 return
-            self._data_wait_ns += _perf_ns() - t0
+            wait = _perf_ns() - t0
+            self._data_wait_ns += wait
+            if not self._active_pauses:
+                self._stall_ns += wait
             yield item
 
     def add_data_wait(self, seconds: float) -> None:
         """Add input-pipeline wait measured elsewhere (a framework callback that cannot wrap the
         loader). Never raises; a negative or non-float value is skipped and counted."""
-        if seconds.__class__ is float and seconds >= 0.0:
-            self._data_wait_ns += int(seconds * 1e9)
+        if seconds.__class__ is float and 0.0 <= seconds < 1e9:
+            wait = int(seconds * 1e9)
+            self._data_wait_ns += wait
+            if not self._active_pauses:
+                self._stall_ns += wait
         else:
             self.rejected.record("data_wait_invalid", f"seconds={seconds!r}")
 
@@ -306,6 +323,9 @@ class Tracker:
         if step.__class__ is not int:
             self.rejected.record("step_not_int", f"step={step!r}")
             self._step += 1
+        elif not 0 <= step <= _MAX_STEP:
+            self.rejected.record("step_out_of_range", f"step={step!r} is not in [0, 2**53)")
+            self._step += 1
         elif step <= self._step and self._n > 0:  # type: ignore[operator, unused-ignore]
             self.rejected.record("step_not_increasing", f"step {step} after {self._step}")
             self._step += 1
@@ -337,8 +357,8 @@ class Tracker:
     def _checked_step(self, step: int | None) -> int:
         if step is None:
             return self._step
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= _MAX_STEP:
+            raise ValueError(f"step must be an int in [0, 2**53), got {step!r}")
         return step
 
     def _checkpoint_begin(self, handle: CheckpointHandle) -> None:
@@ -363,7 +383,7 @@ class Tracker:
             self._pause_ns += elapsed_ns
             seconds = elapsed_ns / 1e9
             nbytes = handle.nbytes
-            if nbytes is not None and (nbytes.__class__ is not int or nbytes < 0):
+            if nbytes is not None and (nbytes.__class__ is not int or not 0 <= nbytes <= _MAX_STEP):
                 self.rejected.record("checkpoint_nbytes_invalid", f"nbytes={nbytes!r}")
                 nbytes = None
             with self._lock:
@@ -429,11 +449,18 @@ class Tracker:
     def _fold_locked(self) -> None:
         n = self._n
         start = self._folded
+        dropped = 0
         if n - start > _RING:
-            self.errors.record("ring_overrun", f"{n - start - _RING} step boundaries not folded")
+            # More steps than the ring holds since the last fold (~65k steps per flush interval): the
+            # oldest boundaries are gone, but not their count or their time, which the ledger folds
+            # into the first boundary kept (cumulative waits make its data wait exact too).
+            dropped = n - start - _RING
+            self.errors.record("ring_overrun", f"{dropped} step boundaries not folded one by one")
             start = n - _RING
-        r_t, r_pause, r_step = self._r_t, self._r_pause, self._r_step
+        r_t, r_pause, r_step, r_wait = self._r_t, self._r_pause, self._r_step, self._r_wait
         boundaries: list[tuple[int, float]] = []
+        waits: list[float] = []
+        stall = self._fold_stall_ns
         oldest = max(0, n - _RING)
         for i in range(start, n):
             j = i & _MASK
@@ -444,6 +471,8 @@ class Tracker:
                 self._step_hist.observe(seconds)
                 self._recent_steps.append(seconds)
             boundaries.append((r_step[j], self._wall(r_t[j])))
+            waits.append((r_wait[j] - stall) / 1e9)
+            stall = r_wait[j]
         self._folded = n
         if self._timer is not None:
             for seconds in self._timer.drain():
@@ -457,13 +486,16 @@ class Tracker:
                 self._events.progress(
                     boundaries=boundaries,
                     data_wait_seconds=(data_wait_ns - self._fold_data_wait_ns) / 1e9,
-                    model_flops=(tokens - self._fold_tokens) * flops if flops else 0.0,
+                    model_flops=self._share((tokens - self._fold_tokens) * flops) if flops else 0.0,
                     peak_flops=self.config.peak.flops_per_second,
+                    data_waits=waits,
+                    dropped=dropped,
                 )
             except Exception as exc:
                 self.errors.record("ledger", exc)
             self._fold_tokens = tokens
             self._fold_data_wait_ns = data_wait_ns
+            self._fold_stall_ns = stall
 
     def _window_rate(self) -> float | None:
         """Tokens per second of active (non-paused) time over the sliding window; None if unknown.
@@ -507,8 +539,12 @@ class Tracker:
             n = self._n
             flops = self.config.flops
             peak = self.config.peak.flops_per_second
+            # This rank's share of its replica's tokens, and so of the FLOPs (see flops.parallel).
+            share = self._share
             tokens = self._tokens
             rate = self._window_rate() if tokens > 0 else None
+            if rate is not None:
+                rate = share(rate)
             mfu = hfu = None
             if rate is not None and peak and flops.model is not None and flops.hardware is not None:
                 mfu = rate * flops.model / peak
@@ -523,11 +559,11 @@ class Tracker:
                 steps=n,
                 step=self._step,
                 last_step_time=self._wall(self._r_t[(n - 1) & _MASK]) if n else None,
-                tokens=tokens,
-                samples=self._samples,
+                tokens=share(tokens),
+                samples=share(self._samples),
                 tokens_per_second=rate,
-                model_flops=tokens * flops.model if flops.model is not None else None,
-                hardware_flops=tokens * flops.hardware if flops.hardware is not None else None,
+                model_flops=share(tokens * flops.model) if flops.model is not None else None,
+                hardware_flops=share(tokens * flops.hardware) if flops.hardware is not None else None,
                 peak_flops=peak,
                 mfu=mfu,
                 hfu=hfu,
@@ -559,6 +595,7 @@ class Tracker:
             "world_size": str(config.rank.world_size),
             "local_rank": str(config.rank.local_rank),
             "flops_source": config.flops.source,
+            **config.parallel.labels(),
         }
 
     def event_metrics(self, label_names: list[str], label_values: list[str]) -> Iterable[Any]:

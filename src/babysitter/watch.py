@@ -32,6 +32,7 @@ def watch(
     run: str | None = None,
     tokens_per_step: int | None = None,
     samples_per_step: int | None = None,
+    parallelism: Mapping[str, int] | Any | None = None,
     flops_per_token: float | None = None,
     hardware_flops_per_token: float | None = None,
     seq_len: int | None = None,
@@ -62,16 +63,29 @@ def watch(
     """Start tracking this training process and serve its metrics.
 
     Arguments are checked here, so a mistake fails before training starts. What the environment
-    gets wrong later (a taken port, an unwritable directory, a full disk) never does: it is logged
-    once and counted in ``babysitter_internal_errors_total``.
+    gets wrong later never does: it is logged once and counted, a full disk under the ledger in
+    ``babysitter_ledger_write_errors_total`` (its records are kept and retried), the rest (a taken
+    port, an unwritable registration directory) in ``babysitter_internal_errors_total``.
 
     Args:
         model: a torch module (with a Hugging Face ``.config`` for FLOPs from the architecture) or a
             config; used for FLOPs per token when ``flops_per_token`` is not given.
         run: the run's name, stable across restarts (default: ``$BABYSITTER_RUN``, the run
             directory's name, torchrun's run id, the Slurm job id).
-        tokens_per_step / samples_per_step: processed by this rank per ``step()`` unless passed there.
-        flops_per_token: model FLOPs per token, forward and backward, no recomputation (MFU).
+        tokens_per_step / samples_per_step: tokens (samples) of this rank's data-parallel replica per
+            optimizer step, i.e. of the batch this rank takes part in (micro-batch x gradient
+            accumulation x sequence length), unless passed to ``step()``. Every rank of a tensor,
+            pipeline or context parallel group passes the same number: the tracker credits each with
+            ``1 / (tp x pp x cp)`` of the tokens and FLOPs, so per-rank MFU is the job's MFU and sums
+            over ranks count every token once (docs/flops.md, "Parallelism").
+        parallelism: how the model is split: a mapping ``{"tp": 8, "pp": 4, "cp": 2, "ep": 8}``
+            (missing degrees are 1; data parallel is the rest of the world size), a
+            ``torch.distributed`` DeviceMesh with named dimensions, or None: the mesh of the
+            model's DTensor parameters (FSDP2 with tensor parallelism) when it names its
+            dimensions, else data parallelism only. A layout that does not fit the world size
+            fails here.
+        flops_per_token: model FLOPs per token of the whole model (not of this rank's shard), forward
+            and backward, no recomputation (MFU).
         hardware_flops_per_token: the same counting recomputation (HFU); defaults to the model FLOPs.
         seq_len: training sequence length, for the attention term of FLOPs from a model config.
         peak_flops: dense peak FLOP/s of this rank's device, overriding the table.
@@ -107,6 +121,7 @@ def watch(
         run=run,
         tokens_per_step=tokens_per_step,
         samples_per_step=samples_per_step,
+        parallelism=parallelism,
         flops_per_token=flops_per_token,
         hardware_flops_per_token=hardware_flops_per_token,
         seq_len=seq_len,
@@ -146,6 +161,7 @@ def watch(
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "world_size": config.rank.world_size,
+                "parallelism": str(config.parallel),
                 "version": __version__,
                 "device": config.peak.device,
                 "flops_per_token": config.flops.model,

@@ -14,6 +14,7 @@ __all__ = [
     "LEDGER_DROPPED_RECORDS",
     "LEDGER_PENDING_BYTES",
     "LEDGER_SKIPPED_LINES",
+    "LEDGER_WRITER_STATE",
     "LEDGER_WRITE_ERRORS",
     "METRICS",
     "PRODUCTIVE_SECONDS",
@@ -70,7 +71,8 @@ LEDGER_WRITE_ERRORS = MetricSpec(
     "babysitter_ledger_write_errors_total",
     "counter",
     "",
-    "Failed ledger operations (read-only or full disk, lock lost...) by operation; records are retried.",
+    "Failed ledger operations (read-only or full disk, lock lost, file deleted...) by operation; "
+    "records are retried.",
     labels=("op",),
     source="self",
     ranks="rank0",
@@ -79,7 +81,8 @@ LEDGER_SKIPPED_LINES = MetricSpec(
     "babysitter_ledger_skipped_lines_total",
     "counter",
     "",
-    "Ledger lines skipped when this process read the ledger at start: torn (cut by a crash) or invalid.",
+    "Ledger lines skipped when this process read the ledger at start: torn (cut by a crash), invalid, "
+    "or fenced (written by a writer after another took the lock over).",
     labels=("reason",),
     source="self",
     ranks="rank0",
@@ -101,6 +104,16 @@ LEDGER_DROPPED_RECORDS = MetricSpec(
     ranks="rank0",
 )
 
+LEDGER_WRITER_STATE = MetricSpec(
+    "babysitter_ledger_writer_state",
+    "gauge",
+    "",
+    "1, labelled with the ledger writer's state: writing, waiting (another writer's lock, not stale "
+    "yet), failing (storage errors), fenced (another writer took over); records are kept unless fenced.",
+    labels=("state",),
+    source="self",
+)
+
 METRICS: tuple[MetricSpec, ...] = (
     GOODPUT,
     PRODUCTIVE_SECONDS,
@@ -110,4 +123,5 @@ METRICS: tuple[MetricSpec, ...] = (
     LEDGER_SKIPPED_LINES,
     LEDGER_PENDING_BYTES,
     LEDGER_DROPPED_RECORDS,
+    LEDGER_WRITER_STATE,
 )

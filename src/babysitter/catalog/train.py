@@ -29,6 +29,7 @@ __all__ = [
     "MFU",
     "MODEL_FLOPS",
     "NONFINITE_LOSS",
+    "PARALLEL_LABELS",
     "PEAK_FLOPS",
     "PHASE_SECONDS",
     "RUN_START_TIMESTAMP",
@@ -43,6 +44,9 @@ __all__ = [
 ]
 
 TRACKER_LABELS = ("run", "rank")
+#: ``train_info`` labels with the parallel degrees (tensor, pipeline, context, expert, data): the keys
+#: of ``watch(parallelism=...)``.
+PARALLEL_LABELS = ("tp", "pp", "cp", "ep", "dp")
 
 #: Step-time quantiles rank 0 computes over its last :data:`STEP_QUANTILE_STEPS` steps. Ranks of a
 #: synchronous job share step boundaries, so rank 0's distribution is the run's; a 13-bucket
@@ -73,25 +77,33 @@ LAST_STEP_TIMESTAMP = MetricSpec(
     "Unix time at which the last step finished.",
     ranks="rank0",
 )
-TOKENS = MetricSpec("train_tokens_total", "counter", "", "Tokens processed by this rank.")
+TOKENS = MetricSpec(
+    "train_tokens_total",
+    "counter",
+    "",
+    "This rank's share of its data-parallel replica's tokens (replica tokens / (tp x pp x cp)): "
+    "the sum over ranks is the job's tokens.",
+)
 SAMPLES = MetricSpec(
     "train_samples_total",
     "counter",
     "",
-    "Samples (sequences) processed by this rank (exported once the tracker counted any).",
+    "This rank's share of its data-parallel replica's samples (sequences), shared as the tokens are "
+    "(exported once the tracker counted any).",
 )
 MODEL_FLOPS = MetricSpec(
     "train_model_flops_total",
     "counter",
     "flops",
-    "Model FLOPs done by this rank (forward + backward, no recomputation): the MFU numerator.",
+    "This rank's share of its replica's model FLOPs (forward + backward, no recomputation): the MFU "
+    "numerator; summed over ranks, the job's model FLOPs.",
 )
 HARDWARE_FLOPS = MetricSpec(
     "train_hardware_flops_total",
     "counter",
     "flops",
-    "Hardware FLOPs done by this rank, counting activation recomputation: the HFU numerator (exported "
-    "when recomputation is declared; without it hardware FLOPs equal model FLOPs).",
+    "This rank's share of its replica's hardware FLOPs, counting activation recomputation: the HFU "
+    "numerator (exported when recomputation is declared; without it hardware FLOPs equal model FLOPs).",
 )
 PEAK_FLOPS = MetricSpec(
     "train_peak_flops_per_second",
@@ -103,7 +115,8 @@ MFU = MetricSpec(
     "train_mfu_ratio",
     "gauge",
     "ratio",
-    "Model FLOPs utilization over the tracker's sliding window: model FLOP/s over dense peak.",
+    "Model FLOPs utilization over the tracker's sliding window: this rank's share of model FLOP/s over "
+    "its dense peak (the job's MFU when the ranks keep pace).",
     ranks="rank0",
 )
 HFU = MetricSpec(
@@ -174,8 +187,18 @@ INFO = MetricSpec(
     "train_info",
     "info",
     "",
-    "Static facts about this training process: versions, device, dtype used for the peak, world size.",
-    labels=("version", "python", "device", "peak_dtype", "world_size", "local_rank", "flops_source"),
+    "Static facts about this training process: versions, device, dtype used for the peak, world size, "
+    "tensor/pipeline/context/expert/data parallel degrees.",
+    labels=(
+        "version",
+        "python",
+        "device",
+        "peak_dtype",
+        "world_size",
+        "local_rank",
+        "flops_source",
+        *PARALLEL_LABELS,
+    ),
 )
 
 METRICS: tuple[MetricSpec, ...] = (

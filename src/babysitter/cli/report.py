@@ -144,10 +144,15 @@ def render_table(summary: RunSummary, console: Any = None) -> None:
             f"[yellow]{_dur(summary.at_risk_seconds)} of productive time is not covered by a checkpoint "
             "yet (lost if the run crashed now)[/]"
         )
-    if summary.torn_lines or summary.invalid_lines:
+    if summary.torn_lines or summary.invalid_lines or summary.fenced_lines:
         console.print(
-            f"[yellow]ledger: skipped {summary.torn_lines} torn and {summary.invalid_lines} "
-            "invalid line(s)[/]"
+            f"[yellow]ledger: skipped {summary.torn_lines} torn, {summary.invalid_lines} invalid and "
+            f"{summary.fenced_lines} fenced line(s) (written after another writer took the lock over)[/]"
+        )
+    if summary.partial:
+        console.print(
+            "[yellow]ledger: the file starts in the middle of the run (it was deleted or replaced while "
+            "the run went on); the accounting covers what it holds[/]"
         )
     causes = Table(title="Where the wall time went")
     causes.add_column("bucket")

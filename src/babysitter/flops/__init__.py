@@ -2,8 +2,10 @@
 
 ``estimate(config, seq_len=...)`` gives :class:`FlopsPerToken` (``model``: forward + backward without
 recomputation, MFU's numerator; ``hardware``: with recomputation, HFU's). ``measure(model, step_fn)``
-counts one real step with ``torch.utils.flop_counter.FlopCounterMode``. docs/flops.md explains the
-conventions and why the two disagree where they do. torch is imported only by ``measure``.
+counts one real step with ``torch.utils.flop_counter.FlopCounterMode``. ``resolve_layout`` says how a
+data-parallel replica's tokens and FLOPs are shared among its tensor/pipeline/context parallel ranks.
+docs/flops.md explains the conventions and why the two disagree where they do. torch is imported
+only by ``measure``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from babysitter.flops.formulas import (
 )
 from babysitter.flops.measure import MeasuredFlops, measure
 from babysitter.flops.mfu import mfu, tokens_per_second_for_mfu
+from babysitter.flops.parallel import ParallelLayout, layout_from_mesh, resolve_layout
 
 __all__ = [
     "RECOMPUTE_MODES",
@@ -34,6 +37,7 @@ __all__ = [
     "MeasuredFlops",
     "Mlp",
     "Moe",
+    "ParallelLayout",
     "ParameterCounts",
     "Stack",
     "VisionTower",
@@ -43,9 +47,11 @@ __all__ = [
     "estimate",
     "estimate_breakdown",
     "from_parameters",
+    "layout_from_mesh",
     "mean_keys_per_query",
     "measure",
     "mfu",
     "parameter_counts",
+    "resolve_layout",
     "tokens_per_second_for_mfu",
 ]

@@ -409,7 +409,43 @@ def _training(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
-    return [stalled, exited, train_down, mfu_drop, straggler, goodput, nonfinite]
+    writer_state = select(G.LEDGER_WRITER_STATE, ts, 'state!="writing"')
+    ledger = Alert(
+        name="TrainingLedgerNotWriting",
+        expr=f"max by ({', '.join(r.run_key)}, state) (\n  {writer_state}\n) == 1",
+        severity="critical",
+        component="training",
+        summary=f"Run {_l('run')} writes no goodput ledger: its writer is {_l('state')}.",
+        description=(
+            f"The goodput ledger writer of run {_l('run')} on cluster {_l(c)} has been {_l('state')} "
+            f"for {cfg.ledger_not_writing_for} (waiting: another writer's lock is not stale yet; "
+            f"failing: the run directory's storage fails; fenced: another writer took the lock over). "
+            f"Its records pile up in memory or are lost, and the run's goodput history gets a hole."
+        ),
+        for_=cfg.ledger_not_writing_for,
+        test=AlertTest(
+            series=(
+                (_series(G.LEDGER_WRITER_STATE, _with(_TRAIN, state="writing")), "1+0x5 0+0x30"),
+                (_series(G.LEDGER_WRITER_STATE, _with(_TRAIN, state="waiting")), "0+0x5 1+0x30"),
+                # A restart after a crash elsewhere: two minutes of waiting, then writing.
+                (_series(G.LEDGER_WRITER_STATE, _with(_TRAIN, run="r2", state="writing")), "0+0x2 1+0x33"),
+                (_series(G.LEDGER_WRITER_STATE, _with(_TRAIN, run="r2", state="waiting")), "1+0x2 0+0x33"),
+            ),
+            quiet=(("5m", "still writing"), ("18m", "before for:")),
+            fire_at="25m",
+            fire_labels=({**_run_labels(), "state": "waiting"},),
+            fire_text=(
+                (
+                    "Run r1 writes no goodput ledger: its writer is waiting.",
+                    "The goodput ledger writer of run r1 on cluster c1 has been waiting for 15m (waiting: "
+                    "another writer's lock is not stale yet; failing: the run directory's storage fails; "
+                    "fenced: another writer took the lock over). Its records pile up in memory or are lost, "
+                    "and the run's goodput history gets a hole.",
+                ),
+            ),
+        ),
+    )
+    return [stalled, exited, train_down, mfu_drop, straggler, goodput, nonfinite, ledger]
 
 
 def _checkpoint(cfg: GenerateConfig, r: Records) -> list[Alert]:

@@ -103,6 +103,9 @@ class GenerateConfig:
     goodput_min_wall_seconds: int = 3 * 3600
     #: How long goodput must stay low before warning.
     goodput_for: str = "1h"
+    #: How long a run's ledger writer may not be writing (waiting for a lock, failing storage, fenced)
+    #: before paging; a restart after a crash on another host waits up to ``stale_after`` (60 s).
+    ledger_not_writing_for: str = "15m"
 
     # --- checkpoints ------------------------------------------------------------------------------
     #: Window over which the observed checkpoint interval is measured (saves counted in it).
@@ -220,6 +223,7 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         goodput_window="10m",
         goodput_min_wall_seconds=30,
         goodput_for="30s",
+        ledger_not_writing_for="10s",
         checkpoint_interval_window="5m",
         checkpoint_overdue_max_seconds=120,
         checkpoint_overdue_for="0s",

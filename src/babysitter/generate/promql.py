@@ -77,10 +77,21 @@ def record_name(level: Sequence[str], metric: str, operation: str) -> str:
     return name
 
 
-def new_or_increased(selector: str, window: str) -> str:
-    """Series whose counter grew within ``window``, or that appeared within it already above zero.
+def new_or_increased(selector: str, window: str, memory: str = "6h") -> str:
+    """Series whose counter grew within ``window``, including growth across a gap in the scrapes.
 
     ``increase()`` needs two samples, so a counter created at 1 (the first Xid of a GPU) would never
-    show an increase; the second branch catches it.
+    show an increase. The other branches compare the value now with the last one seen before the
+    window, looking back ``memory``: no value then means a new series (all of it is new); a higher
+    one, growth across a gap longer than the window (an agent down, counting its kernel log at
+    start); a lower one, a reset (a node reboot: all of it is new). The same value after a gap (a
+    failed scrape, an agent restart) is nothing new. ``offset`` alone would miss the earlier value
+    whenever a stale marker lands at the offset, and page again for Xids already paged.
     """
-    return f"(increase({selector}[{window}]) > 0 or ({selector} > 0 unless {selector} offset {window}))"
+    before = f"last_over_time({selector}[{memory}] offset {window})"
+    return (
+        f"(increase({selector}[{window}]) > 0"
+        f" or ({selector} > 0 unless {before})"
+        f" or ({selector} - {before} > 0)"
+        f" or (({selector} < {before}) > 0))"
+    )

@@ -47,12 +47,14 @@ class Records:
 
     @property
     def tokens_rate(self) -> str:
-        """Tokens per second of a run, all ranks together."""
+        """Tokens per second of a run: each rank exports its share of its data-parallel replica's
+        tokens (1/(tp x pp x cp)), so the sum over ranks counts every token once."""
         return record_name(["run"], "train_tokens", f"rate{self.cfg.rate_window}")
 
     @property
     def mfu(self) -> str:
-        """MFU of a run from the counters: model FLOP/s of all ranks over their summed dense peak."""
+        """MFU of a run from the counters: model FLOP/s of all ranks (each its share of its replica's)
+        over their summed dense peak; the job's MFU under any tensor/pipeline/context layout."""
         return record_name(["run"], T.MFU.name, f"rate{self.cfg.rate_window}")
 
     @property
@@ -250,10 +252,10 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
         # Rank 0's step-time quantiles (the other ranks have none).
         (_series(T.STEP_DURATION.name, rank("0", quantile="0.5")), "0.75+0x20"),
         (_series(T.STEP_DURATION.name, rank("0", quantile="0.9")), "0.95+0x20"),
-        # HFU: run r1 declares no recomputation (HFU = MFU); run r2 does (4/3 of its model FLOPs).
-        (_series(T.MODEL_FLOPS.name, {**base, "run": "r2", "rank": "0"}), "0+3000x20"),
-        (_series(T.HARDWARE_FLOPS.name, {**base, "run": "r2", "rank": "0"}), "0+4000x20"),
-        (_series(T.PEAK_FLOPS.name, {**base, "run": "r2", "rank": "0"}), "100+0x20"),
+        # HFU: run r1 declares no recomputation (HFU = MFU); run r3 does (4/3 of its model FLOPs).
+        (_series(T.MODEL_FLOPS.name, {**base, "run": "r3", "rank": "0"}), "0+3000x20"),
+        (_series(T.HARDWARE_FLOPS.name, {**base, "run": "r3", "rank": "0"}), "0+4000x20"),
+        (_series(T.PEAK_FLOPS.name, {**base, "run": "r3", "rank": "0"}), "100+0x20"),
         (_series(T.STEPS.name, rank("0")), "0+60x20"),
         (_series(T.STEPS.name, rank("1")), "0+60x20"),
         (_series(T.LAST_STEP_TIMESTAMP.name, rank("0")), "0+60x20"),
@@ -264,13 +266,28 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
         (_series(G.BADPUT_SECONDS.name, rank("0", cause="checkpoint_save")), "0+4x20"),
         # Checkpoints saved every 5 minutes (Unix time of the last success).
         (_series(T.CKPT_LAST_SUCCESS.name, rank("0")), "0+0x4 300+0x4 600+0x4 900+0x4 1200+0x4"),
+        # Run r2, TP=2 x DP=2: each of the 4 ranks exports its share (1/2) of its replica's 60 tokens
+        # and 1200 FLOPs per minute, so the sums are the job's: 120 tokens/min, MFU 40 / 400 = 0.1.
+        *(
+            (_series(spec.name, {**base, "run": "r2", "rank": number}), values)
+            for number in "0123"
+            for spec, values in (
+                (T.TOKENS, "0+30x20"),
+                (T.MODEL_FLOPS, "0+600x20"),
+                (T.PEAK_FLOPS, "100+0x20"),
+            )
+        ),
         # Storage probe: 0.5 s write + 0.2 s fsync.
         (_series(S.STORAGE_PROBE_WRITE.name, {**base, "path": "/ckpt"}), "0.5+0x20"),
         (_series(S.STORAGE_PROBE_FSYNC.name, {**base, "path": "/ckpt"}), "0.2+0x20"),
     ]
     at = "10m"
     cases: list[tuple[str, list[tuple[str, float]]]] = [
-        (r.mfu, [(out(r.mfu, run="r1"), 0.4), (out(r.mfu, run="r2"), 0.5)]),
+        (
+            r.mfu,
+            [(out(r.mfu, run="r1"), 0.4), (out(r.mfu, run="r2"), 0.1), (out(r.mfu, run="r3"), 0.5)],
+        ),
+        (r.tokens_rate, [(out(r.tokens_rate, run="r2"), 2.0)]),
         (
             r.rank_step_mean,
             [(out(r.rank_step_mean, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))],
@@ -279,7 +296,14 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
             r.rank_step_ratio,
             [(out(r.rank_step_ratio, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))],
         ),
-        (r.hfu, [(out(r.hfu, run="r1"), 0.4), (out(r.hfu, run="r2"), 4000 / 60 / 100)]),
+        (
+            r.hfu,
+            [
+                (out(r.hfu, run="r1"), 0.4),
+                (out(r.hfu, run="r2"), 0.1),
+                (out(r.hfu, run="r3"), 4000 / 60 / 100),
+            ],
+        ),
         (r.step_quantile(0.5), [(out(r.step_quantile(0.5), run="r1"), 0.75)]),
         (r.step_quantile(0.9), [(out(r.step_quantile(0.9), run="r1"), 0.95)]),
         (r.last_step, [(out(r.last_step, run="r1"), 600.0)]),

@@ -14,6 +14,11 @@ Hugging Face callbacks see neither the batch nor the start of evaluation or of a
   when the step also evaluates) and ends at ``on_save``. Loads (``resume_from_checkpoint``) happen
   before any callback runs and are not timed; the step counter continues from the resumed step.
 * **FLOPs** from ``model.config``; without ``seq_len`` the tracker starts at the first batch.
+* **Parallel layout** from ``args.parallelism_config`` (accelerate's ``ParallelismConfig``: tensor,
+  context and sequence parallel sizes) or the model's own tensor-parallel size (``tp_plan``);
+  ``parallelism=`` overrides it. Under context or sequence parallelism the Trainer hands the model
+  ``1 / (cp x sp)`` of each sequence, so the forward hook scales what it sees back to the replica's
+  tokens (and sequence length) before the tracker shares them out.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ class Babysitter(TrainerCallback):  # type: ignore[misc, unused-ignore]
 
     Args:
         straggler_every: steps between straggler score exchanges (None: off).
-        **watch_kwargs: anything :func:`babysitter.watch` takes except ``model``.
+        **watch_kwargs: anything :func:`babysitter.watch` takes except ``model``; ``parallelism=``
+            overrides the layout read from the Trainer.
     """
 
     def __init__(self, *, straggler_every: int | None = 100, **watch_kwargs: Any) -> None:
@@ -49,6 +55,7 @@ class Babysitter(TrainerCallback):  # type: ignore[misc, unused-ignore]
         self._args: Any = None
         self._loss: float | None = None
         self._training = False
+        self._seq_shards = 1  # the Trainer splits each sequence over this many ranks (cp x sp)
 
     @property
     def tracker(self) -> Tracker | None:
@@ -59,13 +66,14 @@ class Babysitter(TrainerCallback):  # type: ignore[misc, unused-ignore]
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self._args, self._model, self._training = args, model, True
+        self._seq_shards = _sequence_shards(args)
         if model is not None and hasattr(model, "register_forward_pre_hook") and self._hook is None:
             self._hook = model.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
         if not self.core.needs_seq_len(model):
             self._start(None)
 
     def _start(self, seq_len: int | None) -> None:
-        self.core.ensure(self._model, seq_len, **_defaults(self._args))
+        self.core.ensure(self._model, seq_len, **_defaults(self._args, self._model))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._training = False
@@ -85,6 +93,9 @@ class Babysitter(TrainerCallback):  # type: ignore[misc, unused-ignore]
                     self.core.phase_begin("eval")
                 return
             tokens, samples, seq_len = batch_counts(kwargs if kwargs else args)
+            if self._seq_shards > 1:  # this rank saw its slice of each sequence: count the replica's
+                tokens = None if tokens is None else tokens * self._seq_shards
+                seq_len = None if seq_len is None else seq_len * self._seq_shards
             if self.core.tracker is None:
                 self._start(seq_len)
             self.core.micro_batch(tokens, samples)
@@ -121,14 +132,46 @@ def _checkpoint_dir(args: Any, state: Any) -> str:
     return os.path.join(str(args.output_dir), f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
 
 
-def _defaults(args: Any) -> dict[str, Any]:
-    """watch() defaults from the TrainingArguments: the training dtype for the peak lookup."""
+def _defaults(args: Any, model: Any = None) -> dict[str, Any]:
+    """watch() defaults from the TrainingArguments and the model: the training dtype for the peak
+    lookup and the parallel layout."""
+    defaults: dict[str, Any] = {}
+    layout = _layout(args, model)
+    if layout:
+        defaults["parallelism"] = layout
     if args is None:
-        return {}
+        return defaults
     if getattr(args, "bf16", False):
-        return {"dtype": "bf16"}
-    if getattr(args, "fp16", False):
-        return {"dtype": "fp16"}
-    if getattr(args, "tf32", False):
-        return {"dtype": "tf32"}
-    return {"dtype": "fp32"}
+        defaults["dtype"] = "bf16"
+    elif getattr(args, "fp16", False):
+        defaults["dtype"] = "fp16"
+    elif getattr(args, "tf32", False):
+        defaults["dtype"] = "tf32"
+    else:
+        defaults["dtype"] = "fp32"
+    return defaults
+
+
+def _size(owner: object, name: str) -> int:
+    """A parallel size attribute (accelerate's config, the model); 1 when absent or odd."""
+    try:
+        value = getattr(owner, name, None)
+    except Exception:  # a property that raises: no size from it
+        return 1
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
+def _sequence_shards(args: Any) -> int:
+    """Ranks each sequence is split over by the Trainer: context x sequence (Ulysses) parallel."""
+    config = getattr(args, "parallelism_config", None)
+    return _size(config, "cp_size") * _size(config, "sp_size")
+
+
+def _layout(args: Any, model: Any) -> dict[str, int]:
+    """Tensor and context parallel degrees as the Trainer counts them (its ranks "with the same
+    batch": tp x cp x sp); empty when there is no model parallelism."""
+    tp = _size(getattr(args, "parallelism_config", None), "tp_size")
+    if tp == 1:
+        tp = max(_size(model, "_tp_size"), _size(model, "tp_size"))
+    cp = _sequence_shards(args)
+    return {k: v for k, v in (("tp", tp), ("cp", cp)) if v > 1}

@@ -11,6 +11,9 @@ What it reads, and where:
 * **FLOPs** from the module's (or its first child's) Hugging Face style ``config``; without
   ``seq_len`` the tracker starts at the first batch, which gives the sequence length.
 * **Precision** from ``trainer.precision`` for the peak FLOP/s lookup.
+* **Parallel layout** from the strategy's DeviceMesh (``ModelParallelStrategy``: its
+  ``tensor_parallel`` ranks share each batch, so they share its tokens and FLOPs); ``parallelism=``
+  overrides it. Tokens are counted from the batch as the loader gives it, before any sharding.
 * **Checkpoints**: ``trainer.save_checkpoint`` (what ``ModelCheckpoint`` calls) and the strategy's
   ``load_checkpoint`` are timed by wrapping them on this trainer instance only.
 * **Evaluation** during fit is a marked ``eval`` phase, kept out of step time and MFU.
@@ -48,7 +51,8 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
         straggler_every: steps between straggler score exchanges (None: off); only under
             torch.distributed with more than one rank.
         **watch_kwargs: anything :func:`babysitter.watch` takes except ``model`` (``run``,
-            ``seq_len``, ``peak_flops``, ``run_dir``, ``port``, ``labels``, ``hang_timeout``...).
+            ``seq_len``, ``peak_flops``, ``run_dir``, ``port``, ``labels``, ``hang_timeout``,
+            ``parallelism`` to override the layout read from the strategy...).
     """
 
     def __init__(self, *, straggler_every: int | None = 100, **watch_kwargs: Any) -> None:
@@ -170,12 +174,35 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
 
 
 def _defaults(trainer: Any) -> dict[str, Any]:
-    """watch() defaults from the trainer: the training dtype for the peak lookup."""
+    """watch() defaults from the trainer: the training dtype for the peak lookup, and the parallel
+    layout from the strategy's DeviceMesh (``ModelParallelStrategy``: data x tensor parallel)."""
     from babysitter import hardware
 
+    defaults: dict[str, Any] = {}
+    mesh = _strategy_mesh(getattr(trainer, "strategy", None))
+    if mesh is not None:
+        defaults["parallelism"] = mesh
     precision = str(getattr(trainer, "precision", "") or "")
     try:
-        return {"dtype": hardware.matmul_dtype(precision)}
+        defaults["dtype"] = hardware.matmul_dtype(precision)
     except (TypeError, ValueError):
         log.warning("babysitter: Lightning precision %r has no peak table dtype; assuming bf16", precision)
-        return {}
+    return defaults
+
+
+def _strategy_mesh(strategy: Any) -> Any:
+    """The strategy's DeviceMesh once its processes are set up (``device_mesh`` raises before);
+    None, with a warning, for a mesh whose dimensions do not say what they are."""
+    from babysitter.flops.parallel import layout_from_mesh
+
+    if strategy is None or "device_mesh" not in dir(type(strategy)):
+        return None
+    try:
+        mesh = strategy.device_mesh
+        layout_from_mesh(mesh)
+    except ValueError as exc:
+        log.warning("babysitter: %s; pass parallelism= to the callback", exc)
+        return None
+    except Exception:  # not set up yet, or a strategy whose mesh is something else
+        return None
+    return mesh

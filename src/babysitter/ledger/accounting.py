@@ -5,8 +5,10 @@ last record for one that ended) is given to exactly one bucket, gap by gap, so
 ``productive + sum(badput) == wall`` holds in integers for any ledger:
 
 * explicit intervals (checkpoint load/save, user phases) take their overlap with a gap;
-* the rest of gap 0 is ``startup``; a gap in which the watchdog declared a hang is ``hang``;
-* the rest of a step's gap loses the step's data wait to ``data_stall``; what remains is productive
+* a gap in which the watchdog declared a hang is ``hang``;
+* the rest of a gap loses the data wait recorded in it to ``data_stall`` (waiting on the first batch
+  included); the rest of gap 0 is ``startup`` (unless the incarnation continues from a deleted file,
+  whose gap 0 is a step); what remains of a step's gap is productive
   when the step was kept, or ``lost_progress`` when a later incarnation (or a rollback load) resumed from
   an earlier step, i.e. the step is above the lowest resume step of everything that came after it;
 * an incarnation's tail (last boundary to its last sign of life) is ``lost_progress`` after a crash and
@@ -233,24 +235,29 @@ def _classify(
             return
         if j in hangs:
             put("hang", rem)
-        elif j == 0 or n == 0:
+            return
+        if n == 0:
             put("startup", rem)
-        elif j == n:
+            return
+        if j == n:
             if tail is None:
                 sink.pending += rem
             else:
                 put(tail, rem)
-        else:
-            wait = stall[j]
-            if wait:
-                if c1 - c0 != g1 - g0:
-                    wait = wait * (c1 - c0) // (g1 - g0)
-                wait = min(wait, rem)
-                wait_total += wait
-                rem -= wait
-            out_seg.append(0 if not split_times else inc.segment_of_gap(j, split_times))
-            out_step.append(steps[j])
-            out_rem.append(rem)
+            return
+        wait = stall[j]
+        if wait:
+            if c1 - c0 != g1 - g0:
+                wait = wait * (c1 - c0) // (g1 - g0)
+            wait = min(wait, rem)
+            wait_total += wait
+            rem -= wait
+        if j == 0 and not inc.continued:
+            put("startup", rem)  # waiting on the first batch is a data stall, the rest startup
+            return
+        out_seg.append(0 if not split_times else inc.segment_of_gap(j, split_times))
+        out_step.append(steps[j])
+        out_rem.append(rem)
 
     # Gaps wholly before ``lo`` or after ``hi`` contribute nothing.
     j0 = max(j0, bisect_right(ends, lo))

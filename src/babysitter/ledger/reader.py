@@ -2,7 +2,9 @@
 
 A line counts as *torn* when it is the unterminated last line of the file (SIGKILL or a full disk
 mid-write) or when it does not parse as JSON (a torn line that a later writer terminated with its
-own newline); *invalid* when it is JSON but not a record this version understands.
+own newline, or one nested too deep to parse); *invalid* when it is JSON but not a record this version
+understands (an unknown kind, a missing field, a value out of range); *fenced* when a writer wrote it
+after another writer had taken the lock over (its tag is not the newest start's).
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from babysitter.ledger.records import CheckpointEnd, Record, SchemaError, decode
+from babysitter.ledger.records import (
+    CheckpointEnd,
+    FencedLineError,
+    Record,
+    Start,
+    decode,
+    fence_of,
+    fence_tag,
+)
 from babysitter.ledger.timeline import Timeline
 
 __all__ = [
@@ -42,12 +52,21 @@ class LedgerFile:
     records: list[Record] = field(default_factory=list)
     torn_lines: int = 0
     invalid_lines: int = 0
+    fenced_lines: int = 0
     size: int = 0
     ends_with_newline: bool = True
 
 
-def _parse(data: bytes, consume: Callable[[object], None], only: bytes | None = None) -> LedgerFile:
-    """Split ``data`` into lines and hand each parsed line to ``consume`` (SchemaError = invalid)."""
+#: What a line may raise on its way into a record or a timeline besides SchemaError: nothing should
+#: (fields are checked before anything is folded in), but one line must never cost the whole ledger.
+_BAD_LINE = (ValueError, TypeError, ArithmeticError, LookupError)
+
+
+def _parse(
+    data: bytes, consume: Callable[[object], None], only: tuple[bytes, ...] | None = None
+) -> LedgerFile:
+    """Split ``data`` into lines and hand each parsed line to ``consume`` (SchemaError = invalid,
+    FencedLineError = fenced)."""
     out = LedgerFile(size=len(data), ends_with_newline=not data or data.endswith(b"\n"))
     lines = data.split(b"\n")
     if out.ends_with_newline:
@@ -57,7 +76,7 @@ def _parse(data: bytes, consume: Callable[[object], None], only: bytes | None = 
         if tail.strip(b"\x00 \t\r"):
             out.torn_lines += 1
     if only is not None:
-        lines = [raw for raw in lines if only in raw]
+        lines = [raw for raw in lines if any(key in raw for key in only)]
     block = 4096
     for k in range(0, len(lines), block):
         chunk = [raw for raw in lines[k : k + block] if raw]
@@ -66,21 +85,41 @@ def _parse(data: bytes, consume: Callable[[object], None], only: bytes | None = 
             objs = json.loads(b"[" + b",".join(chunk) + b"]")
             if len(objs) != len(chunk):
                 raise ValueError("line count mismatch")
-        except ValueError:
+        except (ValueError, RecursionError):
             objs = []
             for raw in chunk:
                 if not raw.strip(b"\x00 \t\r"):
                     continue
                 try:
                     objs.append(json.loads(raw))
-                except ValueError:
+                except (ValueError, RecursionError):
                     out.torn_lines += 1
         for obj in objs:
             try:
                 consume(obj)
-            except SchemaError:
+            except FencedLineError:
+                out.fenced_lines += 1
+            except _BAD_LINE:
                 out.invalid_lines += 1
     return out
+
+
+class _Records:
+    """Decoded records in file order, without the lines of writers another writer fenced off."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self._fence: str | None = None
+
+    def __call__(self, obj: object) -> None:
+        record = decode(obj)
+        if isinstance(record, Start):
+            self._fence = fence_tag(record.id)
+        else:
+            tag = fence_of(obj)
+            if tag is not None and tag != self._fence:
+                raise FencedLineError("written after another writer took the ledger over")
+        self.records.append(record)
 
 
 def _read_regular(path: Path) -> bytes:
@@ -105,9 +144,9 @@ def read_ledger(path: Path) -> LedgerFile:
 
 def parse_ledger(data: bytes) -> LedgerFile:
     """The records in ledger bytes (what :func:`read_ledger` does after reading the file)."""
-    records: list[Record] = []
-    out = _parse(data, lambda obj: records.append(decode(obj)))
-    out.records = records
+    records = _Records()
+    out = _parse(data, records)
+    out.records = records.records
     return out
 
 
@@ -145,11 +184,11 @@ def completed_checkpoints(run_dir: Path, *, file_name: str = DEFAULT_FILE_NAME) 
         data = _read_regular(run_dir / file_name)
     except FileNotFoundError:
         return []
-    records: list[Record] = []
-    _parse(data, lambda obj: records.append(decode(obj)), only=b'"k":"cke"')
+    records = _Records()
+    _parse(data, records, only=(b'"k":"cke"', b'"k":"start"'))
     found = [
         CheckpointRecord(step=r.step, path=r.path, nbytes=r.nbytes, time=r.t / 1_000_000)
-        for r in records
+        for r in records.records
         if isinstance(r, CheckpointEnd) and r.op == "save" and r.ok
     ]
     found.sort(key=lambda c: c.time)

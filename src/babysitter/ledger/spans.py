@@ -2,7 +2,8 @@
 
 The accounting gives exact totals; this gives positions: downtime between incarnations, startup up to
 the first step, checkpoint and phase intervals, hangs, and the stretch of each incarnation whose steps
-were later computed again (lost progress). Data stalls are spread over steps and have no position.
+were later computed again (lost progress). Data stalls are booked on their step but have no position
+inside it, so they are not drawn.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def badput_spans(accountant: Accountant, *, now: float | None = None, live: bool
     for i, inc in enumerate(incs):
         stop = stops[i]
         first = inc.ends[0] if inc.n else stop
-        spans.append(Span(inc.begin / US, min(first, stop) / US, "startup"))
+        if not inc.continued:
+            spans.append(Span(inc.begin / US, min(first, stop) / US, "startup"))
         for a, b, cause in inc.pieces(stop):
             spans.append(Span(a / US, b / US, cause))
         for j in sorted(inc.hang_gaps()):
@@ -125,18 +127,20 @@ def step_points(inc: Incarnation, max_points: int = 4000, *, stop: int | None = 
     ends = inc.ends
     for k in range(0, len(pts), size):
         chunk = pts[k : k + size]
-        lo = chunk[0].i0 - 1 if chunk[0].i0 > 0 else chunk[0].i0
+        first = chunk[0]
+        from_begin = first.i0 == 0 and inc.continued  # gap 0 of a continuation is a step
+        lo = first.i0 - 1 if first.i0 > 0 else first.i0
         hi = chunk[-1].i1 - 1
-        n = hi - lo
+        n = hi - lo + sum(p.extra for p in chunk) + from_begin
+        a = inc.begin if from_begin else ends[lo]
         if n <= 0:
             continue
-        span = ends[hi] - ends[lo] - pauses.within(ends[lo], ends[hi])
+        span = ends[hi] - a - pauses.within(a, ends[hi])
         if span <= 0:
             continue
         flops = sum(p.model_flops for p in chunk)
-        first = chunk[0]
-        if first.i0 == 0 and first.i1 > 0:  # the first step of an incarnation is startup, not in ``span``
-            flops -= first.model_flops / (first.i1 - first.i0)
+        if first.i0 == 0 and first.i1 > 0 and not from_begin:  # an incarnation's first step is startup
+            flops -= first.model_flops / (first.i1 - first.i0 + first.extra)
         peak = chunk[-1].peak_flops
         mfu = flops / (span / US) / peak if peak and flops > 0 else None
         out.append(StepPoint(ends[hi] / US, span / n / US, mfu))

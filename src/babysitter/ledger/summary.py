@@ -42,6 +42,10 @@ class IncarnationSummary:
     steps: int
     ending: str
     mean_step_seconds: float | None
+    #: Its start is not in this file: it continues from a deleted or replaced ledger file.
+    continued: bool = False
+    #: Times its writer found the ledger file deleted or replaced and went on in a new segment.
+    segments: int = 0
     #: What the tracker recorded at start: world size, version, device, FLOPs per token, ...
     info: dict[str, object] = field(default_factory=dict)
 
@@ -64,6 +68,10 @@ class RunSummary:
     accountant: Accountant
     torn_lines: int = 0
     invalid_lines: int = 0
+    #: Lines of a writer that another writer had taken the lock over from (dropped).
+    fenced_lines: int = 0
+    #: The file does not go back to the run's first start (it was deleted or replaced mid-run).
+    partial: bool = False
     checkpoints_ok: int = 0
     checkpoints_failed: int = 0
     last_checkpoint_step: int | None = None
@@ -101,7 +109,12 @@ class RunSummary:
                 "failed": self.checkpoints_failed,
                 "last_step": self.last_checkpoint_step,
             },
-            "skipped_lines": {"torn": self.torn_lines, "invalid": self.invalid_lines},
+            "skipped_lines": {
+                "torn": self.torn_lines,
+                "invalid": self.invalid_lines,
+                "fenced": self.fenced_lines,
+            },
+            "partial": self.partial,
             "incarnation_list": [inc.to_json() for inc in self.incarnations],
         }
 
@@ -117,8 +130,10 @@ def _ending(inc: Incarnation, last: bool, state: State) -> str:
 def _incarnation(inc: Incarnation, stop: int, last: bool, state: State) -> IncarnationSummary:
     n = inc.n
     mean = None
-    if n >= 2:
-        mean = (inc.ends[-1] - inc.ends[0]) / (n - 1) / US
+    if inc.continued and n >= 1:
+        mean = (inc.ends[-1] - inc.begin) / inc.step_count / US
+    elif n >= 2:
+        mean = (inc.ends[-1] - inc.ends[0]) / (inc.step_count - 1) / US
     return IncarnationSummary(
         index=inc.index,
         host=inc.start.host,
@@ -128,9 +143,11 @@ def _incarnation(inc: Incarnation, stop: int, last: bool, state: State) -> Incar
         resumed_from=inc.resume_step(),
         first_step=inc.steps[0] if n else None,
         last_step=inc.steps[-1] if n else None,
-        steps=n,
+        steps=inc.step_count,
         ending=_ending(inc, last, state),
         mean_step_seconds=mean,
+        continued=inc.continued,
+        segments=inc.segments,
         info=dict(inc.start.info),
     )
 
@@ -188,6 +205,8 @@ def summarize(
         # A live writer may be mid-append: its unterminated last line is in flight, not torn.
         torn_lines=max(0, ledger.torn_lines - (state == "running" and not ledger.ends_with_newline)),
         invalid_lines=ledger.invalid_lines,
+        fenced_lines=ledger.fenced_lines,
+        partial=bool(incs) and incs[0].start.segment > 0,
         checkpoints_ok=len(ok),
         checkpoints_failed=sum(1 for c in saves if c.ok is False),
         last_checkpoint_step=ok[-1].step if ok else None,

@@ -6,6 +6,10 @@ the incarnation's beginning to the first boundary (startup), gap ``j`` from boun
 (the time of step ``steps[j]``), and the *tail* from the last boundary to the incarnation's end.
 Checkpoint loads/saves and user phases are explicit intervals laid over the gaps; a successful
 checkpoint load after the first boundary starts a new *segment* (a rollback within the process).
+
+An incarnation whose start in this file is a *continuation* (its writer found the file deleted and
+carried its last boundary over) begins at that boundary: its gap 0 is the time of its first step here,
+not startup.
 """
 
 from __future__ import annotations
@@ -14,15 +18,17 @@ import heapq
 import itertools
 from array import array
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, repeat
+from itertools import accumulate
 
 from babysitter.ledger.records import (
-    SCHEMA_VERSION,
+    READABLE_VERSIONS,
     Alive,
     CheckpointBegin,
     CheckpointEnd,
     End,
+    FencedLineError,
     Hang,
     PhaseBegin,
     PhaseEnd,
@@ -31,6 +37,7 @@ from babysitter.ledger.records import (
     Record,
     Start,
     decode,
+    fence_tag,
     progress_fields,
 )
 
@@ -66,6 +73,8 @@ class ProgressPoint:
     i1: int
     model_flops: float
     peak_flops: float | None
+    #: Boundaries the line stands for beyond ``i1 - i0`` (not kept one by one by the tracker).
+    extra: int = 0
 
 
 @dataclass
@@ -104,9 +113,20 @@ class Incarnation:
     keep_points: bool = True
     #: The last dense peak FLOP/s a progress line carried (lines repeat it only when it changes).
     peak_flops: float | None = None
+    #: Begins at a boundary carried over from a deleted file: gap 0 is a step, not startup.
+    continued: bool = False
+    #: Boundaries beyond ``n`` whose time is folded into a kept boundary's step (ring overruns).
+    folded: int = 0
+    #: Continuation segments seen (the writer found its file deleted or replaced this many times).
+    segments: int = 0
+    #: The fencing tag this incarnation's lines carry.
+    tag: str = field(init=False)
     _open_ckpt: dict[str, CheckpointSpan] = field(default_factory=dict)
     _open_phase: dict[str, int] = field(default_factory=dict)
     _pieces_cache: tuple[int, list[Piece]] | None = None
+
+    def __post_init__(self) -> None:
+        self.tag = fence_tag(self.start.id)
 
     # ---------------------------------------------------------------- building
 
@@ -146,34 +166,49 @@ class Incarnation:
         self.last_t = max(self.last_t, t)
 
     def _add_progress(self, record: Progress) -> None:
+        waits = record.waits if record.waits is not None else record.data_wait
         self.add_boundaries(
-            (record.steps, record.ends, record.t, record.data_wait, record.model_flops, record.peak_flops)
+            (record.steps, record.ends, record.t, waits, record.model_flops, record.peak_flops, record.extra)
         )
 
     def add_boundaries(self, fields: ProgressFields) -> None:
-        """Fold in one progress line: ``(steps, ends, t, data_wait, model_flops, peak_flops)``, its
-        ``ends`` never decreasing."""
-        steps, ends, t, data_wait, model_flops, peak_flops = fields
-        self._pieces_cache = None
+        """Fold in one progress line: ``(steps, ends, t, waits, model_flops, peak_flops, extra)``.
+
+        Everything is computed before anything is appended, so the arrays always stay the same length.
+        """
+        steps, ends, t, waits, model_flops, peak_flops, extra = fields
+        n = len(ends)
+        if n == 0 or len(steps) != n:
+            raise ValueError("a progress line needs one step per boundary")
         i0 = len(self.ends)
         prev = self.ends[-1] if i0 else self.begin
-        n = len(ends)
+        if ends[0] < prev:  # a clock that went backwards: never let a boundary precede the one before it
+            ends = array("q", accumulate(ends, max, initial=prev))
+            ends.pop(0)
+        stall: Sequence[int]
+        if type(waits) is int:
+            # Version 1: one total for the line, spread evenly; the first boundary's share of an
+            # incarnation went to startup then, and still does (the same totals as before).
+            share, rest = divmod(waits, n)
+            stall = array("q", [share + 1 if i < rest else share for i in range(n)])
+            if i0 == 0 and not self.continued:
+                stall[0] = 0
+        else:
+            stall = waits  # type: ignore[assignment]
+            if len(stall) != n:
+                raise ValueError("one data wait per boundary")
+        folded = sum(count for _, count in extra) if extra else 0
+        self._pieces_cache = None
         self.steps.extend(steps)
-        if ends[0] >= prev:
-            self.ends.extend(ends)
-        else:  # a clock that went backwards: never let a boundary precede the one before it
-            self.ends.extend(accumulate(ends, max, initial=prev))
-            self.ends.pop(i0)
-        share, extra = divmod(data_wait, n)
-        self.stall.extend(repeat(share, n))
-        for i in range(i0, i0 + extra):
-            self.stall[i] += 1
+        self.ends.extend(ends)
+        self.stall.extend(stall)
+        self.folded += folded
         if peak_flops is None:
             peak_flops = self.peak_flops
         else:
             self.peak_flops = peak_flops
         if self.keep_points:
-            self.points.append(ProgressPoint(t, i0, i0 + n, model_flops, peak_flops))
+            self.points.append(ProgressPoint(t, i0, i0 + n, model_flops, peak_flops, folded))
         last = self.ends[-1]
         self.last_t = max(self.last_t, last, t)
 
@@ -184,13 +219,21 @@ class Incarnation:
         """Step boundaries recorded."""
         return len(self.ends)
 
+    @property
+    def step_count(self) -> int:
+        """Steps this incarnation recorded: its boundaries and those folded into them."""
+        return self.n + self.folded
+
     def resume_step(self) -> int | None:
         """The step this incarnation resumed from: its last successful checkpoint load before its first
-        boundary; else the step before its first boundary; else None (it never got that far)."""
+        boundary; else what its continuation carried over; else the step before its first boundary;
+        else None (it never got that far)."""
         first = self.ends[0] if self.ends else None
         before = [step for t, step in self.loads if first is None or t <= first]
         if before:
             return before[-1]
+        if self.continued:
+            return self.start.resumed
         if first is not None:
             return max(self.steps[0] - 1, 0)
         resumed = self.start.info.get("resumed_step")
@@ -265,14 +308,7 @@ class Timeline:
     def add(self, record: Record) -> None:
         """Fold one record in; records before the first ``start`` are counted as orphans."""
         if isinstance(record, Start):
-            prev = self.incarnations[-1] if self.incarnations else None
-            floor = prev.last_t if prev is not None else record.pst
-            begin = min(max(record.pst, floor), record.t) if prev is not None else min(record.pst, record.t)
-            inc = Incarnation(
-                index=len(self.incarnations), start=record, begin=begin, keep_points=self.keep_points
-            )
-            inc.last_t = max(record.t, begin)
-            self.incarnations.append(inc)
+            self._start(record)
         elif not self.incarnations:
             self.orphan_records += 1
         elif isinstance(record, Alive):
@@ -281,18 +317,69 @@ class Timeline:
         else:
             self.incarnations[-1].add(record)
 
+    def _start(self, record: Start) -> None:
+        prev = self.incarnations[-1] if self.incarnations else None
+        if record.segment and prev is not None and prev.start.id == record.id:
+            self._resume_segment(prev, record)
+            return
+        carried = record.segment > 0 and record.last_end is not None and record.last_step is not None
+        if carried:
+            # A continuation whose earlier part is not in this file: it begins at the last boundary
+            # the lost part held, so its first step here is measured from there.
+            first = record.last_end if record.last_end is not None else record.t
+            begin = min(max(first, prev.last_t), record.t) if prev is not None else min(first, record.t)
+        elif prev is not None:
+            begin = min(max(record.pst, prev.last_t), record.t)
+        else:
+            begin = min(record.pst, record.t)
+        inc = Incarnation(
+            index=len(self.incarnations),
+            start=record,
+            begin=begin,
+            keep_points=self.keep_points,
+            continued=carried,
+            segments=1 if record.segment else 0,
+        )
+        inc.last_t = max(record.t, begin)
+        self.incarnations.append(inc)
+
+    @staticmethod
+    def _resume_segment(inc: Incarnation, record: Start) -> None:
+        """The file holds an earlier part of this incarnation (it was replaced by an older copy): the
+        boundary the continuation carries stands for the steps in between, their time its step."""
+        inc.segments += 1
+        step, end = record.last_step, record.last_end
+        if step is not None and end is not None and (inc.n == 0 or end > inc.ends[-1]):
+            folded = max(0, step - inc.steps[-1] - 1) if inc.n else 0
+            inc.add_boundaries(([step], [end], record.t, [0], 0.0, None, [(0, folded)] if folded else []))
+        inc.last_t = max(inc.last_t, record.t)
+
+    def _admit(self, obj: dict[str, object]) -> None:
+        """FencedLineError for a line whose writer is not the newest start's (it lost the lock)."""
+        tag = obj.get("f")
+        if tag is not None and tag != self.incarnations[-1].tag:
+            raise FencedLineError("written after another writer took the ledger over")
+
     def add_raw(self, obj: object) -> None:
         """Fold in one parsed JSON line; progress lines skip the record object (the bulk of a ledger).
 
-        Raises SchemaError for a line that is not a version-1 record.
+        Raises SchemaError for a line that is not a record this version reads, FencedLineError for the
+        line of a writer that another writer took the lock over from.
         """
-        if type(obj) is dict and obj.get("k") == "prog" and obj.get("v") == SCHEMA_VERSION:
+        if type(obj) is dict and obj.get("k") == "prog" and obj.get("v") in READABLE_VERSIONS:
             if not self.incarnations:
                 self.orphan_records += 1
                 return
-            self.incarnations[-1].add_boundaries(progress_fields(obj))
+            inc = self.incarnations[-1]
+            tag = obj.get("f")
+            if tag is not None and tag != inc.tag:
+                raise FencedLineError("written after another writer took the ledger over")
+            inc.add_boundaries(progress_fields(obj))
             return
-        self.add(decode(obj))
+        record = decode(obj)
+        if self.incarnations and not isinstance(record, Start):
+            self._admit(obj)  # type: ignore[arg-type]
+        self.add(record)
 
     def extend(self, records: list[Record]) -> None:
         """Fold many records in."""

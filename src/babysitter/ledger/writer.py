@@ -7,11 +7,18 @@ timeline that the goodput metrics are computed from, and appends them to the led
 ``write`` per batch (``fsync`` after a checkpoint save and at close). When the storage fails (read-only,
 full, gone), the bytes stay in a bounded buffer and are retried; the failure is counted in
 ``babysitter_ledger_write_errors_total`` and logged once. Nothing here raises into training.
+
+Only the holder of the run's lock writes. A writer that finds the lock held (another host's writer
+that crashed less than ``stale_after`` ago, or a second process of the run) keeps its records and
+retries until the lock is provably stale; one whose lock another writer took over stops for good. The
+state is exported as ``babysitter_ledger_writer_state``. A writer whose file was deleted or replaced
+under it (the inode of the path changed) goes on in a new file with a continuation segment.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -20,6 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -31,6 +39,9 @@ from babysitter.ledger.accounting import Accountant
 from babysitter.ledger.lock import LedgerLockedError, WriterLock
 from babysitter.ledger.reader import DEFAULT_FILE_NAME, read_timeline
 from babysitter.ledger.records import (
+    MAX_FLOAT,
+    MAX_INT,
+    SCHEMA_VERSION,
     Alive,
     CheckpointBegin,
     CheckpointEnd,
@@ -42,22 +53,39 @@ from babysitter.ledger.records import (
     Record,
     Start,
     encode,
+    fence_tag,
+    in_range,
     to_us,
 )
 from babysitter.ledger.timeline import Timeline
 
-__all__ = ["ENV_FLUSH", "LedgerWriter"]
+__all__ = ["ENV_FLUSH", "WRITER_STATES", "LedgerWriter"]
 
 #: Environment variable overriding the default flush interval (seconds).
 ENV_FLUSH = "BABYSITTER_LEDGER_FLUSH_SECONDS"
 
 log = logging.getLogger(__name__)
 
-_Pending = tuple[list[tuple[int, float]], float, float, float | None]
-
+#: What ``babysitter_ledger_writer_state`` says: ``writing`` (holds the lock, the last write worked),
+#: ``waiting`` (another writer's lock is not provably stale yet: records are kept, the lock retried),
+#: ``failing`` (the storage fails: records are kept and retried), ``fenced`` (another writer took the
+#: lock over: this one stopped for good).
+WRITER_STATES = ("writing", "waiting", "failing", "fenced")
 
 #: Lines dropped first when the unwritten buffer overflows (see ``_bound_buffer``).
-_DROPPABLE = (b'{"v":1,"k":"prog"', b'{"v":1,"k":"alive"')
+_DROPPABLE = (b'{"v":%d,"k":"prog"' % SCHEMA_VERSION, b'{"v":%d,"k":"alive"' % SCHEMA_VERSION)
+_PROG = _DROPPABLE[0]
+
+
+@dataclass
+class _Pending:
+    """Step boundaries handed over by one ``progress()`` call (checked, waits in us per boundary)."""
+
+    boundaries: list[tuple[int, float]]
+    waits: list[int]
+    flops: float
+    peak: float | None
+    dropped: int
 
 
 class _NotLoaded(Exception):
@@ -66,6 +94,20 @@ class _NotLoaded(Exception):
 
 def _finite(x: float) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+#: The largest number of seconds (a Unix time or a duration) the ledger holds in microseconds.
+_MAX_SECONDS = MAX_INT / 1e6
+
+
+def _time_ok(t: float) -> bool:
+    """A Unix time the ledger can hold (finite, in range once in microseconds; NaN fails both tests)."""
+    return (type(t) is float or type(t) is int) and 0 <= t <= _MAX_SECONDS
+
+
+def _us(seconds: float) -> int | None:
+    """A non-negative duration in us, None when it is not one the ledger can hold."""
+    return to_us(seconds) if _time_ok(seconds) else None
 
 
 def _process_start_time(pid: int, *, fallback: float) -> float:
@@ -100,8 +142,8 @@ def _env_seconds(name: str, default: float) -> float:
 class LedgerWriter:
     """Writes a run's goodput ledger and serves the goodput metrics computed from it.
 
-    Constructed by the tracker on rank 0. Raises :class:`LedgerLockedError` when another live process
-    writes the same ledger, ValueError for bad options; storage failures never raise.
+    Constructed by the tracker on rank 0. Raises ValueError for bad options; neither a held lock (the
+    writer waits for it, see ``babysitter_ledger_writer_state``) nor the storage ever raises.
 
     Args:
         run_dir: the run's directory on shared storage (created if missing).
@@ -110,7 +152,8 @@ class LedgerWriter:
         flush_interval: seconds between batched writes (default ``$BABYSITTER_LEDGER_FLUSH_SECONDS`` or
             5): also the resolution of a crash's time of death, whose last seconds count as downtime.
         heartbeat_interval: seconds between lock heartbeats.
-        stale_after: a lock on another host whose heartbeat is older than this is taken over.
+        stale_after: a lock on another host whose heartbeat is older than this is taken over (until
+            then the writer keeps its records and retries every second or heartbeat).
         alive_interval: write a bare sign of life when nothing else was written for this long.
         max_pending_bytes: bound of the unwritten buffer while the storage fails.
         settle_seconds: steps older than this are classified once and cached (see accounting).
@@ -156,7 +199,8 @@ class LedgerWriter:
         self._max_pending = int(max_pending_bytes)
 
         self._errors: dict[str, int] = {}
-        self._warned: set[str] = set()
+        self._warned = False
+        self._noted: set[str] = set()
         self._dropped = 0
         self._inbox: list[Record | _Pending] = []
         self._inbox_lock = threading.Lock()
@@ -168,26 +212,31 @@ class LedgerWriter:
         self._need_newline = False
         self._last_write = time.monotonic()
         self._last_heartbeat = 0.0
-        self._can_write = True
+        self._last_attempt = 0.0
+        self._retry_interval = min(self._heartbeat_interval, 1.0)
+        self._fenced = False
+        self._waiting = False
         self._failing = False
         self._started = False
         self._last_peak: float | None = None
+        self._id = uuid.uuid4().hex[:16]
+        self._tag = fence_tag(self._id)
+        self._start: Start | None = None
+        self._start_line = b""
+        self._file_ident: tuple[int, int] | None = None
+        self._fd = -1
+        self._segments = 0
+        self._segment_line = b""
 
         with contextlib.suppress(OSError):
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock = WriterLock(
             self.path.with_name(self.path.name + ".lock"), run=run, stale_after=stale_after
         )
-        try:
-            self._lock.acquire()
-            self._last_heartbeat = time.monotonic()
-        except LedgerLockedError:
-            raise
-        except OSError as exc:
-            self._error("lock", exc)
+        self._acquire(time.monotonic())
 
         self.timeline = Timeline(keep_points=False)
-        self._skipped = {"torn": 0, "invalid": 0}
+        self._skipped = {"torn": 0, "invalid": 0, "fenced": 0}
         self._settle = settle_seconds
         self._accountant = Accountant(self.timeline, settle_seconds=settle_seconds)
         self._loaded = threading.Event()
@@ -203,7 +252,14 @@ class LedgerWriter:
     def _load(self) -> None:
         try:
             timeline, existing = read_timeline(self.path, keep_points=False)
-            self._skipped = {"torn": existing.torn_lines, "invalid": existing.invalid_lines}
+            with contextlib.suppress(OSError):
+                st = os.stat(self.path)
+                self._file_ident = (st.st_dev, st.st_ino)
+            self._skipped = {
+                "torn": existing.torn_lines,
+                "invalid": existing.invalid_lines,
+                "fenced": existing.fenced_lines,
+            }
             self._need_newline = not existing.ends_with_newline
             if existing.torn_lines or existing.invalid_lines:
                 log.warning(
@@ -222,11 +278,25 @@ class LedgerWriter:
 
     # ----------------------------------------------------------------- errors
 
+    def _note(self, op: str, message: str) -> None:
+        """Count an event that is not a storage failure; the first of each kind is logged."""
+        self._errors[op] = self._errors.get(op, 0) + 1
+        if op not in self._noted:
+            self._noted.add(op)
+            log.warning(
+                "babysitter: goodput ledger %s: %s (counted in %s)",
+                self.path,
+                message,
+                G.LEDGER_WRITE_ERRORS.name,
+            )
+        else:
+            log.debug("babysitter: goodput ledger %s: %s", self.path, message)
+
     def _error(self, op: str, exc: BaseException) -> None:
         """Count a failure; the first one is logged as a warning, the rest at debug level."""
         self._errors[op] = self._errors.get(op, 0) + 1
         if not self._warned:
-            self._warned.add(op)
+            self._warned = True
             log.warning(
                 "babysitter: goodput ledger %s: %s failed (%s: %s); training goes on, records are kept "
                 "and retried, further failures are counted in %s",
@@ -256,12 +326,14 @@ class LedgerWriter:
             record = Start(
                 t=to_us(time),
                 pst=to_us(min(pst, time)),
-                id=uuid.uuid4().hex[:16],
+                id=self._id,
                 host=host,
                 pid=pid,
                 run=self.run,
                 info=dict(info),
             )
+            self._start = record
+            self._start_line = encode(record)
             self._started = True
             self._post(record, now=True)
         except Exception as exc:
@@ -274,20 +346,48 @@ class LedgerWriter:
         data_wait_seconds: float,
         model_flops: float,
         peak_flops: float | None,
+        data_waits: Sequence[float] | None = None,
+        dropped: int = 0,
     ) -> None:
-        """Buffer step boundaries (no I/O here)."""
+        """Buffer step boundaries (no I/O here). Boundaries, waits or counts the ledger cannot hold
+        (a step outside ``[0, 2**53)``, a time that is not finite) are skipped and counted."""
         try:
-            good = [(s, t) for s, t in boundaries if isinstance(s, int) and _finite(t)]
-            if len(good) != len(boundaries):
+            bad = False
+            per = list(data_waits) if data_waits is not None else None
+            if per is not None and len(per) != len(boundaries):
+                per, bad = None, True
+            good: list[tuple[int, float]] = []
+            waits: list[int] = []
+            limit = _MAX_SECONDS
+            for i, (step, t) in enumerate(boundaries):
+                # Inline checks (this runs once per step): an in-range int step, a finite in-range time.
+                if type(step) is not int or not 0 <= step <= MAX_INT or not _time_ok(t):
+                    bad = True
+                    continue
+                good.append((step, t))
+                if per is not None:
+                    wait = per[i]
+                    if (type(wait) is float or type(wait) is int) and 0 <= wait <= limit:
+                        waits.append(round(wait * 1_000_000))
+                    else:
+                        bad = True
+                        waits.append(0)
+            if not in_range(dropped):
+                dropped, bad = 0, True
+            if bad:
                 self._errors["bad_input"] = self._errors.get("bad_input", 0) + 1
             if not good:
                 return
+            if per is None:  # one total for the call: spread over its boundaries
+                share, rest = divmod(_us(data_wait_seconds) or 0, len(good))
+                waits = [share + 1 if i < rest else share for i in range(len(good))]
             self._post(
-                (
+                _Pending(
                     good,
-                    data_wait_seconds if _finite(data_wait_seconds) and data_wait_seconds > 0 else 0.0,
-                    model_flops if _finite(model_flops) and model_flops > 0 else 0.0,
+                    waits,
+                    model_flops if _finite(model_flops) and 0 < model_flops <= MAX_FLOAT else 0.0,
                     peak_flops if peak_flops is not None and _finite(peak_flops) and peak_flops > 0 else None,
+                    dropped,
                 )
             )
         except Exception as exc:
@@ -312,8 +412,9 @@ class LedgerWriter:
     ) -> None:
         """Record the end of a checkpoint save or load; a successful save is written durably."""
         try:
+            size = nbytes if in_range(nbytes) else None
             record = CheckpointEnd(
-                t=to_us(time), op=kind, step=int(step), ok=bool(ok), nbytes=nbytes, path=path
+                t=to_us(time), op=kind, step=int(step), ok=bool(ok), nbytes=size, path=path
             )
             if kind == "save" and ok:
                 self._durable_wanted = True
@@ -338,7 +439,7 @@ class LedgerWriter:
     def hang(self, *, time: float, step: int, seconds_since_step: float) -> None:
         """Record that the watchdog saw no step for far too long."""
         try:
-            since = to_us(seconds_since_step) if _finite(seconds_since_step) else 0
+            since = _us(seconds_since_step) or 0
             self._post(Hang(t=to_us(time), step=int(step), since=since), now=True)
         except Exception as exc:
             self._error("internal", exc)
@@ -363,6 +464,15 @@ class LedgerWriter:
                 self._thread.join(timeout)
         except Exception as exc:
             self._error("internal", exc)
+
+    @property
+    def state(self) -> str:
+        """One of :data:`WRITER_STATES`."""
+        if self._fenced:
+            return "fenced"
+        if not self._lock.held:
+            return "waiting" if self._waiting else "failing"
+        return "failing" if self._failing else "writing"
 
     def metrics(
         self, label_names: Sequence[str], label_values: Sequence[str], now: float
@@ -396,21 +506,28 @@ class LedgerWriter:
         for op, count in sorted(self._errors.items()):
             errors.add_metric([*values, op], float(count))  # type: ignore[attr-defined]
         skipped = G.LEDGER_SKIPPED_LINES.family(names)
+        # Counted once, when the ledger is read at start: a reason at 0 says nothing, and three zero
+        # series would put rank 0 over its series budget (catalog.budget).
         for reason, count in sorted(self._skipped.items()):
-            skipped.add_metric([*values, reason], float(count))  # type: ignore[attr-defined]
+            if count:
+                skipped.add_metric([*values, reason], float(count))  # type: ignore[attr-defined]
         pending = G.LEDGER_PENDING_BYTES.family(names)
         pending.add_metric(values, float(len(self._unwritten)))  # type: ignore[attr-defined]
         dropped = G.LEDGER_DROPPED_RECORDS.family(names)
         dropped.add_metric(values, float(self._dropped))  # type: ignore[attr-defined]
-        out += [errors, skipped, pending, dropped]
+        state = G.LEDGER_WRITER_STATE.family(names)
+        state.add_metric([*values, self.state], 1.0)  # type: ignore[attr-defined]
+        out += [errors, skipped, pending, dropped, state]
         return out
 
     # ------------------------------------------------------------ the thread
 
     @property
     def write_errors(self) -> int:
-        """Failed storage operations so far (all ops)."""
-        return sum(count for op, count in self._errors.items() if op not in ("bad_input", "metrics"))
+        """Failed ledger operations so far (all ops but bad input, metrics and the file or lock
+        found deleted)."""
+        skip = ("bad_input", "metrics", "file_lost", "lock_recreated")
+        return sum(count for op, count in self._errors.items() if op not in skip)
 
     def _loop(self) -> None:
         try:
@@ -424,10 +541,19 @@ class LedgerWriter:
             self._wake.clear()
             closing = self._closing
             try:
-                self._tick()
+                self._tick(closing=closing)
             except Exception as exc:
                 self._error("internal", exc)
             if closing:
+                if self._unwritten and not self._lock.held:
+                    log.warning(
+                        "babysitter: goodput ledger %s: closing without the lock (%s): %d bytes of "
+                        "records not written",
+                        self.path,
+                        self.state,
+                        len(self._unwritten),
+                    )
+                self._close_file()
                 self._lock.release()
                 return
 
@@ -436,11 +562,13 @@ class LedgerWriter:
             items, self._inbox = self._inbox, []
         records: list[Record] = []
         batch: list[tuple[int, float]] = []
-        wait = flops = 0.0
+        waits: list[int] = []
+        extra: list[tuple[int, int]] = []
+        flops = 0.0
         peak: float | None = None
 
         def close_batch() -> None:
-            nonlocal batch, wait, flops, peak
+            nonlocal batch, waits, extra, flops, peak
             if batch:
                 steps = tuple(s for s, _ in batch)
                 ends = [to_us(t) for _, t in batch]
@@ -454,26 +582,30 @@ class LedgerWriter:
                         t=max(to_us(time.time()), ends[-1]),
                         steps=steps,
                         ends=tuple(ends),
-                        data_wait=to_us(wait),
-                        model_flops=flops,
+                        data_wait=sum(waits),
+                        model_flops=min(flops, MAX_FLOAT),
                         peak_flops=peak if changed else None,  # written only when it changes
+                        waits=tuple(waits),  # each checked in progress()
+                        extra=tuple(extra),
                     )
                 )
-            batch, wait, flops, peak = [], 0.0, 0.0, None
+            batch, waits, extra, flops, peak = [], [], [], 0.0, None
 
         for item in items:
-            if isinstance(item, tuple):
-                batch.extend(item[0])
-                wait += item[1]
-                flops += item[2]
-                peak = item[3] if item[3] is not None else peak
+            if isinstance(item, _Pending):
+                if item.dropped:
+                    extra.append((len(batch), item.dropped))
+                batch.extend(item.boundaries)
+                waits.extend(item.waits)
+                flops += item.flops
+                peak = item.peak if item.peak is not None else peak
             else:
                 close_batch()
                 records.append(item)
         close_batch()
         return records
 
-    def _tick(self) -> None:
+    def _tick(self, *, closing: bool = False) -> None:
         records = self._drain()
         mono = time.monotonic()
         if not records and mono - self._last_write >= self._alive_interval and self.timeline.incarnations:
@@ -483,18 +615,28 @@ class LedgerWriter:
             kept: list[Record] = []
             for record in records:
                 try:
-                    lines.append(encode(record))
+                    lines.append(encode(record, fence=self._tag))
                     kept.append(record)
-                except (ValueError, TypeError) as exc:
+                except (ValueError, TypeError, OverflowError) as exc:
                     self._error("encode", exc)
             with self._state_lock:
                 self.timeline.extend(kept)
             self._unwritten += b"".join(lines)
             self._bound_buffer()
-        if mono - self._last_heartbeat >= self._heartbeat_interval:
-            self._heartbeat(mono)
+        if self._fenced:
+            return
+        if not self._lock.held:
+            if closing or mono - self._last_attempt >= self._retry_interval:
+                self._acquire(mono)
+            if not self._lock.held:
+                return
+        if not self._unwritten:
+            if mono - self._last_heartbeat >= self._heartbeat_interval:
+                self._heartbeat(mono)
+            return
         durable = self._durable_wanted or self._closing
-        if self._unwritten and self._can_write and self._lock.held:
+        # The lock is checked (and touched) right before every write: a writer that lost it stops here.
+        if self._heartbeat(mono):
             self._durable_wanted = False
             self._write(durable=durable)
 
@@ -520,28 +662,154 @@ class LedgerWriter:
             kept.pop(0)
         self._unwritten = bytearray(b"".join(line + b"\n" for line in kept))
 
-    def _heartbeat(self, mono: float) -> None:
+    def _acquire(self, mono: float) -> None:
+        """Try to take the lock (at start, then every retry interval while another writer has it)."""
+        self._last_attempt = mono
+        try:
+            self._lock.acquire()
+        except LedgerLockedError as exc:
+            if not self._waiting:
+                log.warning(
+                    "babysitter: goodput ledger: %s; records are kept in memory (at most %d bytes) and "
+                    'the lock retried; %s{state="waiting"} is 1 meanwhile',
+                    exc,
+                    self._max_pending,
+                    G.LEDGER_WRITER_STATE.name,
+                )
+            self._waiting = True
+            return
+        except OSError as exc:
+            self._waiting = False
+            self._error("lock", exc)
+            return
+        if self._waiting:
+            log.warning("babysitter: goodput ledger %s: the lock is free now; writing", self.path)
+        self._waiting = False
+        self._last_heartbeat = mono
+
+    def _heartbeat(self, mono: float) -> bool:
+        """Touch the lock (recreating it if it vanished); False once another writer has it."""
         self._last_heartbeat = mono
         try:
-            if not self._lock.held:
-                self._lock.acquire()
-                return
-            if not self._lock.refresh():
-                self._can_write = False
-                self._error("lock_lost", LedgerLockedError("another writer took over the ledger lock"))
-        except LedgerLockedError as exc:
-            self._can_write = False
-            self._error("lock_lost", exc)
+            try:
+                result = self._lock.refresh()
+            except FileNotFoundError:  # the run directory itself is gone: bring it back
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                result = self._lock.refresh()
         except OSError as exc:
             self._error("heartbeat", exc)
+            return True  # still ours as far as we know; the write says whether the storage works
+        if result == "lost":
+            self._fenced = True
+            log.warning(
+                "babysitter: goodput ledger %s: another writer took the lock over; this process stops "
+                'writing the ledger (%s{state="fenced"})',
+                self.path,
+                G.LEDGER_WRITER_STATE.name,
+            )
+            self._errors["lock_lost"] = self._errors.get("lock_lost", 0) + 1
+            return False
+        if result == "recreated":
+            self._note("lock_recreated", "the lock file had vanished (run directory deleted?); taken again")
+        return True
+
+    def _file_replaced(self, fd: int, size: int) -> None:
+        """The path is a new file (ours was deleted or replaced): go on in a continuation segment."""
+        self._need_newline = False
+        if size:
+            with contextlib.suppress(OSError):
+                self._need_newline = os.pread(fd, 1, size - 1) != b"\n"
+        self._note("file_lost", "the ledger file was deleted or replaced; going on in a new segment")
+        self._last_peak = None  # the new file states the peak FLOP/s again
+        start = self._start
+        if start is None or (self._start_line and self._start_line in self._unwritten):
+            return  # our start is still to be written: the new file gets it anyway
+        if self._segment_line and self._unwritten.startswith(self._segment_line):
+            return  # the last segment's start is not written yet either: it still says it all
+        self._segments += 1
+        last_step = last_end = None
+        resumed = None
+        with self._state_lock:
+            incs = self.timeline.incarnations
+            inc = incs[-1] if incs and incs[-1].start.id == start.id else None
+            if inc is not None:
+                # The boundary before the first one still to be written: the last the lost file held.
+                unwritten = 0
+                for line in bytes(self._unwritten).split(b"\n"):
+                    if line.startswith(_PROG):
+                        with contextlib.suppress(ValueError, TypeError, KeyError):
+                            obj = json.loads(line)
+                            mixed = obj.get("dd")  # waits and gaps interleaved: 2n - 1 numbers
+                            unwritten += (len(mixed) + 1) // 2 if mixed is not None else len(obj["d"]) + 1
+                k = inc.n - unwritten
+                if k >= 1:
+                    last_step, last_end = inc.steps[k - 1], inc.ends[k - 1]
+                resumed = inc.resume_step()
+        segment = Start(
+            t=to_us(time.time()),
+            pst=start.pst,
+            id=start.id,
+            host=start.host,
+            pid=start.pid,
+            run=start.run,
+            info=start.info,
+            segment=self._segments,
+            last_step=last_step,
+            last_end=last_end,
+            resumed=resumed,
+        )
+        try:
+            self._segment_line = encode(segment)
+        except (ValueError, TypeError) as exc:
+            self._error("encode", exc)
+            return
+        self._unwritten[:0] = self._segment_line
+
+    def _open(self) -> int:
+        """The descriptor of the ledger file, reopened (in a new segment) when the path is no longer
+        the file this writer appends to. Keeping it open keeps a deleted file's inode from being reused
+        by its successor, so the check cannot be fooled."""
+        lost = False
+        if self._fd >= 0:
+            try:
+                mine = os.fstat(self._fd)
+                st = os.stat(self.path)
+                if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino) and mine.st_nlink > 0:
+                    return self._fd
+            except OSError:
+                pass
+            lost = True
+            self._close_file()
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except FileNotFoundError:  # the run directory was deleted under us: bring it back
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, flags, 0o644)
+        try:
+            st = os.fstat(fd)
+            ident = (st.st_dev, st.st_ino)
+            if lost or (self._file_ident is not None and ident != self._file_ident):
+                self._file_replaced(fd, st.st_size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd, self._file_ident = fd, ident
+        return fd
+
+    def _close_file(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
 
     def _write(self, *, durable: bool) -> None:
-        data = bytes(self._unwritten)
-        prefix = b"\n" if self._need_newline else b""
         written = 0
-        fd = -1
+        prefix = data = b""
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = self._open()
+            data = bytes(self._unwritten)
+            prefix = b"\n" if self._need_newline else b""
             payload = prefix + data
             while written < len(payload):
                 written += os.write(fd, payload[written:])
@@ -565,7 +833,4 @@ class LedgerWriter:
                 last_nl = data.rfind(b"\n", 0, done)
                 del self._unwritten[: last_nl + 1]
             self._need_newline = True  # the file's last line may be cut; a blank line is harmless
-        finally:
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            self._close_file()  # reopened (and checked) at the next attempt

@@ -79,6 +79,7 @@ class AgentConfig:
     trainer_timeout: float = 2.0
     trainer_ca_file: Path | None = None
     kmsg_path: str = "/dev/kmsg"
+    xid_state_file: Path | None = None
     storage_path: list[Path] = field(default_factory=list)
     storage_interval: float = 60.0
     storage_size: int = 1024 * 1024
@@ -133,6 +134,7 @@ _HELP: dict[str, str] = {
     "trainer_timeout": "seconds to wait for one trainer endpoint (default 2)",
     "trainer_ca_file": "CA bundle to verify HTTPS trainer endpoints",
     "kmsg_path": "kernel log to read Xid lines from: /dev/kmsg (default), a file, or '' for none",
+    "xid_state_file": "keep Xid counts here across agent restarts (exact even when the ring buffer wrapped)",
     "storage_path": "checkpoint directory to probe (repeatable)",
     "storage_interval": "seconds between storage probes (default 60)",
     "storage_size": "bytes written by each storage probe (default 1 MiB)",
@@ -159,6 +161,7 @@ _METAVAR = {
     "registry_dir": "DIR",
     "trainer_ca_file": "FILE",
     "kmsg_path": "PATH",
+    "xid_state_file": "FILE",
     "storage_path": "DIR",
     "storage_size": "BYTES",
     "checkpoint_run_dir": "DIR",
@@ -377,5 +380,7 @@ def _validate(c: AgentConfig) -> None:
         raise ConfigError("the sentinel collector needs at least one --checkpoint-run-dir")
     if c.collectors.get("probe") and c.probe_results_dir is None:
         raise ConfigError("the probe collector needs --probe-results-dir")
+    if c.xid_state_file is not None and not c.xid_state_file.parent.is_dir():
+        raise ConfigError(f"--xid-state-file {c.xid_state_file}: directory {c.xid_state_file.parent} missing")
     if c.collectors.get("gpu") and c.gpu_backend == "none" and not c.simulate:
         raise ConfigError("--collector.gpu contradicts --gpu-backend none")

@@ -84,6 +84,7 @@ def build(config: AgentConfig) -> Running:
                     gpus=identities,
                     kmsg_path=_kmsg(config),
                     nvml=nvml,
+                    state_path=str(config.xid_state_file) if config.xid_state_file else None,
                 ),
             )
             if xid is not None:

@@ -15,15 +15,18 @@ It understands the Xid line of several driver generations::
     NVRM: Xid (PCI:0000:3d:00): 79, pid=0, GPU has fallen off the bus.                   (pid, no name)
     NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.                          (no pid/name)
     NVRM: Xid (0000:01:00): 13, 0003 00000000 0000a097 ...                               (old, no "PCI:")
+    NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel ...    (MIG)
+    NVRM: Xid (PCI:0000:01:00 GPU-I:01 GPU-CI:00): 13, pid=8123, name=python3, ...        (MIG)
 
 and the ``NVRM: GPU at PCI:0000:9b:00: GPU-<uuid>`` line the driver prints before a GPU's first
 error, which maps the bus id to the GPU's UUID. Anything else (NVSwitch ``SXid`` lines, garbage,
 lines cut short before the comma after the Xid code) is skipped; nothing raises.
 
 The follower reads ``/dev/kmsg`` (a character device: one record per ``read``, ``poll`` for new
-ones) or follows a plain file like ``tail -F`` (rotation and truncation reopen it). What is already
-in the log when it opens is *history*: it teaches the parser bus-to-UUID lines but its Xids are not
-reported as new, so an agent restart does not count a whole boot's Xids again (see docs/xid.md).
+ones) from its oldest record, or a plain file from its start, and follows it like ``tail -F``
+(rotation and truncation reopen it). Every Xid in it is reported, the history present at open
+included, each ``/dev/kmsg`` record at most once (by its sequence number): the counter means "Xids
+since boot" (see docs/xid.md).
 """
 
 from __future__ import annotations
@@ -53,7 +56,10 @@ _FINGERPRINT = 64  # bytes before the read offset that must be unchanged for a f
 
 _KMSG_HEADER = re.compile(r"^(\d{1,10}),(\d{1,20}),(\d{1,20}),[^;]{0,64};")
 _BUS = r"([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"  # VMD domains have 5 digits
-_XID = re.compile(r"Xid \((?:PCI:)?" + _BUS + r"\): (\d{1,6}),(.*)$")
+# MIG: the driver attributes an Xid to a GPU instance, or to a GPU and a compute instance, inside the
+# parentheses: "(PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u)" (kernel_rc.c, krcReportXid).
+_MIG = r"(?: GPU-I:(\d{1,5})(?: GPU-CI:(\d{1,5}))?)?"
+_XID = re.compile(r"Xid \((?:PCI:)?" + _BUS + _MIG + r"\): (\d{1,6}),(.*)$")
 _PID_NAME = re.compile(r"^\s*pid=([^,]{0,32}),\s*(?:name=([^,]{0,64}),\s?)?(.*)$")
 _GPU_AT = re.compile(r"GPU at PCI:" + _BUS + r": (GPU-[0-9a-fA-F-]{8,64})")
 _NVRM = "NVRM: "
@@ -71,13 +77,16 @@ class XidEvent:
     message: str  # the text after the code (bounded)
     seq: int | None = None  # /dev/kmsg sequence number
     usec: int | None = None  # /dev/kmsg timestamp (microseconds since boot)
+    gpu_instance: int | None = None  # MIG GPU instance (``GPU-I:``), None when not attributed
+    compute_instance: int | None = None  # MIG compute instance (``GPU-CI:``), None when not attributed
 
 
 class KernelLogParser:
     """Turns kernel log lines into :class:`XidEvent`; remembers bus-to-UUID lines between calls.
 
     Not thread-safe: one parser per reader. Counters (``lines``, ``forged``, ``lost_records``) are
-    for diagnostics and tests.
+    for diagnostics and tests; ``record_seq`` is the ``/dev/kmsg`` sequence number of the line just
+    fed (None for a continuation or a line without a kmsg header).
     """
 
     def __init__(self) -> None:
@@ -85,6 +94,7 @@ class KernelLogParser:
         self.lines = 0
         self.forged = 0
         self.lost_records = 0
+        self.record_seq: int | None = None
         self._last_seq: int | None = None
 
     def feed(self, raw: str | bytes) -> XidEvent | None:
@@ -93,6 +103,7 @@ class KernelLogParser:
         if len(line) > _MAX_LINE:
             line = line[:_MAX_LINE]
         self.lines += 1
+        self.record_seq = None
         seq: int | None = None
         usec: int | None = None
         if line[:1] == " ":
@@ -100,6 +111,7 @@ class KernelLogParser:
         header = _KMSG_HEADER.match(line) if line[:1].isdigit() else None
         if header is not None:
             prio, seq, usec = int(header.group(1)), int(header.group(2)), int(header.group(3))
+            self.record_seq = seq
             self._track_seq(seq)
             message = line[header.end() :]
             if _NVRM not in message:
@@ -123,11 +135,13 @@ class KernelLogParser:
         match = _XID.match(text)
         if match is None:
             return None
-        xid = int(match.group(2))
+        xid = int(match.group(4))
         if xid <= 0:
             return None
         bus = normalize_pci_bus_id(match.group(1))
-        rest = match.group(3)
+        gpu_instance = int(match.group(2)) if match.group(2) is not None else None
+        compute_instance = int(match.group(3)) if match.group(3) is not None else None
+        rest = match.group(5)
         pid: int | None = None
         process = ""
         fields = _PID_NAME.match(rest)
@@ -146,6 +160,8 @@ class KernelLogParser:
             message=rest.strip()[:256],
             seq=seq,
             usec=usec,
+            gpu_instance=gpu_instance,
+            compute_instance=compute_instance,
         )
 
     def _gpu_at(self, text: str) -> None:
@@ -177,15 +193,23 @@ def parse_log(lines: Iterable[str | bytes], parser: KernelLogParser | None = Non
 
 #: ``on_status(ok, reason)``: the source opened (``ok``) or failed; called on every change only.
 StatusCallback = Callable[[bool, str], None]
-#: ``on_event(event, live)``: an Xid; ``live`` is False for history read at open.
+#: ``on_event(event, live)``: an Xid; ``live`` is False for history (already in the log at open).
 EventCallback = Callable[[XidEvent, bool], None]
 
 
 class KernelLogFollower:
     """Follows ``/dev/kmsg`` or a log file on the calling thread until ``stop`` is set.
 
-    Never raises: an unreadable source is reported through ``on_status`` (once per change) and
-    retried every ``retry_seconds``.
+    Every Xid is reported once, history included: a ``/dev/kmsg`` record is identified by its
+    sequence number, and records up to ``resume_after_seq`` (set from a saved state before ``run``,
+    then advanced as records are read) are parsed for bus-to-UUID lines but not reported again, so a
+    reopen after an error does not repeat the ring buffer. A plain file reopened after an error
+    resumes where it was read up to, when the bytes before that point are unchanged; a rotated or
+    truncated file is new content, read from its start.
+
+    ``on_caught_up`` is called each time the history present at open has been read. Never raises: an
+    unreadable source is reported through ``on_status`` (once per change) and retried every
+    ``retry_seconds``.
     """
 
     def __init__(
@@ -194,6 +218,7 @@ class KernelLogFollower:
         on_event: EventCallback,
         on_status: StatusCallback,
         *,
+        on_caught_up: Callable[[], None] | None = None,
         poll_seconds: float = 0.5,
         retry_seconds: float = 30.0,
     ) -> None:
@@ -201,12 +226,15 @@ class KernelLogFollower:
         self.parser = KernelLogParser()
         self.records = 0  # lines or records read, history included
         self.offset = 0  # bytes read from the current file (plain files only)
-        self.live = False  # True once the history present at open has been read
+        self.live = False  # True once the history present at the first open has been read
+        self.resume_after_seq: int | None = None
         self._on_event = on_event
         self._on_status = on_status
+        self._on_caught_up = on_caught_up
         self._poll = poll_seconds
         self._retry = retry_seconds
         self._last_status: tuple[bool, str] | None = None
+        self._file_done: tuple[int, int, bytes] | None = None  # (inode, end of last full line, bytes before)
 
     def run(self, stop: threading.Event) -> None:
         """Read until ``stop`` is set; reopen after errors."""
@@ -238,7 +266,9 @@ class KernelLogFollower:
                 try:
                     chunk = os.read(fd, _READ_SIZE)
                 except BlockingIOError:
-                    live = self.live = True  # the backlog is drained: from here on, records are new
+                    if not live:  # the backlog is drained: from here on, records are new
+                        live = True
+                        self._caught_up()
                     poller.poll(int(self._poll * 1000))
                     continue
                 except OSError as exc:
@@ -258,18 +288,26 @@ class KernelLogFollower:
         try:
             self._status(True, "")
             ino = os.fstat(fh.fileno()).st_ino
-            pending = tail = b""
+            self.offset, done_tail = self._resume_point(fh.fileno(), ino)
+            if self.offset:
+                fh.seek(self.offset)
+            pending = b""
+            tail = done_tail
             seen: tuple[int, int] | None = None
             live = False
-            self.offset = 0
             while not stop.is_set():
                 chunk = fh.read(_READ_SIZE)
                 if chunk:
                     self.offset += len(chunk)
                     tail = (tail + chunk)[-_FINGERPRINT:]
-                    pending = self._feed_partial(pending + chunk, live)
+                    data = pending + chunk
+                    pending = self._feed_partial(data, live)
+                    done_tail = (done_tail + data[: len(data) - len(pending)])[-_FINGERPRINT:]
+                    self._file_done = (ino, self.offset - len(pending), done_tail)
                     continue
-                live = self.live = True  # read up to the end once: everything after is new
+                if not live:  # read up to the end once: everything after is new
+                    live = True
+                    self._caught_up()
                 if stop.wait(self._poll):
                     return
                 try:
@@ -286,10 +324,21 @@ class KernelLogFollower:
                     fh.close()
                     fh = open(self.path, "rb", buffering=0)  # noqa: SIM115
                     ino = os.fstat(fh.fileno()).st_ino
-                    pending = tail = b""
+                    pending = tail = done_tail = b""
                     self.offset = 0
+                    self._file_done = (ino, 0, b"")
         finally:
             fh.close()
+
+    def _resume_point(self, fd: int, ino: int) -> tuple[int, bytes]:
+        """Where to read a (re)opened file from: (offset, bytes before it); (0, b"") for new content."""
+        done = self._file_done
+        if done is None or done[0] != ino or done[1] == 0:
+            return 0, b""
+        _, offset, before = done
+        if os.fstat(fd).st_size < offset or os.pread(fd, len(before), offset - len(before)) != before:
+            return 0, b""  # rewritten while we were away: new content
+        return offset, before
 
     def _feed_partial(self, data: bytes, live: bool) -> bytes:
         *complete, rest = data.split(b"\n")
@@ -304,8 +353,21 @@ class KernelLogFollower:
                 continue
             self.records += 1
             event = self.parser.feed(line)
+            seq = self.parser.record_seq
+            if seq is not None and self.resume_after_seq is not None and seq <= self.resume_after_seq:
+                continue  # reported before (an earlier open, or the saved state)
             if event is not None:
                 self._on_event(event, live)
+            if seq is not None:
+                self.resume_after_seq = seq
+
+    def _caught_up(self) -> None:
+        self.live = True
+        if self._on_caught_up is not None:
+            try:
+                self._on_caught_up()
+            except Exception:
+                log.exception("babysitter: kernel log caught-up callback failed")
 
     def _status(self, ok: bool, reason: str) -> None:
         if self._last_status != (ok, reason):

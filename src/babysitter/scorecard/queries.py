@@ -83,7 +83,9 @@ class QuerySet:
         return f"(({grown} + {born}) or {grown} or {born})"
 
     def mfu(self) -> str:
-        """Median over runs of each run's median MFU in the window (only ranks with a known peak)."""
+        """Median over runs of each run's median MFU in the window (only ranks with a known peak);
+        every rank's FLOP counter is its share of its replica's, so the sum is the run's under any
+        tensor/pipeline/context parallel layout."""
         ts = _join(self.tracker_selector, self.mfu_match)
         peak = _sel(T.PEAK_FLOPS, ts)
         run = self._per("run")

@@ -36,8 +36,9 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             unit="percentunit",
             width=4,
             height=5,
-            description="Model FLOP/s of all ranks over their dense peak, over the last "
-            f"{cfg.rate_window} (recording rule {r.mfu}).",
+            description="Model FLOP/s of all ranks over their summed dense peak, over the last "
+            f"{cfg.rate_window} (recording rule {r.mfu}). Each rank counts its share of its data-parallel "
+            "replica's FLOPs (1/(tp x pp x cp)), so the sum is the job's FLOPs under any parallel layout.",
         ),
         Panel(
             "Goodput",
@@ -55,7 +56,8 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             unit="short",
             width=4,
             height=5,
-            description="All ranks together.",
+            description="The job's tokens/s: every rank exports its share of its replica's tokens, so the "
+            "sum over ranks counts each token once, whatever the tensor/pipeline/context parallel layout.",
         ),
         Panel(
             "Step time p50",
@@ -145,7 +147,18 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             min=0,
             description="Mean step time of each rank; the Stragglers dashboard compares them.",
         ),
-        Panel("Tokens / s", (Target(rec(r.tokens_rate, f), "{{run}}"),), unit="short", min=0, width=8),
+        Panel(
+            "Tokens / s",
+            (
+                Target(rec(r.tokens_rate, f), "{{run}}"),
+                Target(f"avg {run} (rate({s(T.TOKENS)}[{ri}]))", "{{run}} per rank"),
+            ),
+            unit="short",
+            min=0,
+            width=8,
+            description="The job's tokens/s, and per rank (the job's over its ranks: torchtitan's tps, "
+            "comparable between runs of different sizes and layouts).",
+        ),
         Panel("Steps / s", (Target(rec(r.steps_rate, f), "{{run}}"),), unit="short", min=0, width=8),
         Panel(
             "Data wait",
@@ -219,13 +232,27 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             min=0,
             width=8,
         ),
-        Row("Restarts"),
-        Panel("Restarts", (Target(f"max {run} ({s(G.RESTARTS)})", "{{run}}"),), width=12),
+        Row("Restarts and layout"),
+        Panel("Restarts", (Target(f"max {run} ({s(G.RESTARTS)})", "{{run}}"),), width=8),
         Panel(
             "Time since this incarnation started",
             (Target(f"time() - max {run} ({s(T.RUN_START_TIMESTAMP)})", "{{run}}"),),
             unit="s",
-            width=12,
+            width=8,
+        ),
+        Panel(
+            "Ranks by parallel layout",
+            (
+                Target(
+                    f"count {by((*r.run_key, *T.PARALLEL_LABELS))} ({s(T.INFO)})",
+                    "{{run}} " + " ".join(f"{k}={{{{{k}}}}}" for k in T.PARALLEL_LABELS),
+                ),
+            ),
+            kind="stat",
+            width=8,
+            description="Ranks reporting, by the tensor/pipeline/context/expert/data parallel degrees they "
+            "were given (watch(parallelism=...) or read from the DeviceMesh). Tokens and FLOPs are shared "
+            "among the tp x pp x cp ranks of a replica; ranks of one run should all show one layout.",
         ),
     ]
     return Dashboard(
