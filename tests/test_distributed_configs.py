@@ -114,3 +114,14 @@ def test_kubernetes_podmonitors_match_the_daemonset_and_the_budget() -> None:
         (job,) = [r["replacement"] for r in endpoint["relabelings"] if r.get("targetLabel") == "job"]
         wanted = re.fullmatch(r'job=~"(.*)"', selector)
         assert wanted and re.fullmatch(wanted.group(1), job), (job, selector)
+
+
+def test_label_limit_fits_the_widest_catalog_series() -> None:
+    """train_info's label set (with run, rank, cluster, instance, job) stays under the agent's label_limit,
+    which would otherwise refuse the whole host's scrape (it did, once train_info grew parallel labels)."""
+    from babysitter.catalog.train import TRACKER_LABELS
+
+    config = yaml.safe_load(AGENT.read_text())
+    limit = config["scrape_configs"][0]["label_limit"]
+    widest = max(len(spec.labels) for spec in catalog.ALL) + len(TRACKER_LABELS) + 3  # cluster, instance, job
+    assert widest + 8 <= limit, (widest, limit)  # room for the user's constant labels

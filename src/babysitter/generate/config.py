@@ -34,6 +34,10 @@ class GenerateConfig:
     #: Label that tells clusters (providers) apart. On tracker series it is a constant label the user
     #: passes to ``watch(labels=...)``; on node agent series a Prometheus target or external label.
     cluster_label: str = "cluster"
+    #: Constant labels that describe a run's model or shape (``watch(labels={"model": ...})``), kept by
+    #: every run-level recording rule next to the cluster and run: the scorecard compares MFU of the
+    #: same model across clusters by matching them (``--mfu-match 'model="llama3-8b"'``).
+    run_labels: tuple[str, ...] = ()
     #: Extra matchers on every tracker series, e.g. ``'job="babysitter"'``; empty matches all.
     tracker_selector: str = ""
     #: Extra matchers on every node agent series (GPU, storage, sentinel, collector health).
@@ -178,6 +182,9 @@ class GenerateConfig:
         for name in ("cluster_label", "rack_label"):
             if not _LABEL.match(getattr(self, name)):
                 raise ValueError(f"{name} is not a Prometheus label name: {getattr(self, name)!r}")
+        for label in self.run_labels:
+            if not _LABEL.match(label) or label in (self.cluster_label, "run", "rank", "le", "quantile"):
+                raise ValueError(f"run_labels: {label!r} is not a free label name")
         for item in fields(self):
             value = getattr(self, item.name)
             if item.name.endswith(("_window", "_for")):

@@ -161,8 +161,10 @@ def agent_config(cfg: GenerateConfig, settings: AgentSettings | None = None) -> 
         "scrape_interval": s.scrape_interval,
         "scrape_timeout": s.scrape_timeout,
         "sample_limit": s.sample_limit,
-        # Trackers and the agent bound label values to 128 characters and their label sets to a few.
-        "label_limit": 16,
+        # Trackers and the agent bound label values to 128 characters; the widest label set is
+        # train_info's (17 with the target's), so 32 refuses only a runaway exporter. A refused
+        # scrape loses the whole host: tests/test_two_tier.py scrapes through this job.
+        "label_limit": 32,
         "label_value_length_limit": 256,
         "body_size_limit": "8MB",
         "file_sd_configs": [{"files": ["/etc/prometheus/babysitter-nodes/*.json"], "refresh_interval": "1m"}],

@@ -16,6 +16,7 @@ from babysitter.catalog import MetricSpec
 __all__ = [
     "by",
     "eq",
+    "growth",
     "join_matchers",
     "new_or_increased",
     "record_name",
@@ -94,4 +95,17 @@ def new_or_increased(selector: str, window: str, memory: str = "6h") -> str:
         f" or ({selector} > 0 unless {before})"
         f" or ({selector} - {before} > 0)"
         f" or (({selector} < {before}) > 0))"
+    )
+
+
+def growth(selector: str, window: str, memory: str = "6h") -> str:
+    """How much each counter grew in the last ``window``, exactly: the value now minus the last one
+    seen before the window (within ``memory``); all of it for a series born in the window or reset.
+
+    Unlike ``increase()`` it does not extrapolate to the window's edges, so summing its values at
+    ``window`` intervals counts discrete events (Xid errors) once each, however sparse the samples.
+    """
+    before = f"last_over_time({selector}[{memory}] offset {window})"
+    return (
+        f"(({selector} - {before}) > 0 or ({selector} > 0 unless {before}) or (({selector} < {before}) > 0))"
     )

@@ -163,8 +163,8 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
         Panel(
             "Data wait",
             (
-                Target(f"avg {run} (rate({s(T.DATA_WAIT)}[{ri}]))", "{{run}} rank mean"),
-                Target(f"max {run} (rate({s(T.DATA_WAIT)}[{ri}]))", "{{run}} worst rank"),
+                Target(rec(r.data_wait_mean, f), "{{run}} rank mean"),
+                Target(rec(r.data_wait_worst, f), "{{run}} worst rank"),
             ),
             unit="percentunit",
             min=0,
