@@ -168,6 +168,32 @@ class TestMath:
         assert other.registry.get_sample_value(name + "_count", labels) == 1
         assert other.registry.get_sample_value(name, {**labels, "quantile": "0.5"}) is None
 
+    def test_step_time_quantiles_come_from_device_times_on_cuda(self, make_tracker: Any) -> None:
+        """With the CUDA event timer, the quantiles are of the device step times it drains (250 ms),
+        the ones the sum and count hold, not of host times."""
+
+        class FakeEvent:
+            def record(self) -> None:
+                pass
+
+            def query(self) -> bool:
+                return True
+
+            def elapsed_time(self, end: Any) -> float:
+                return 250.0  # milliseconds, as torch.cuda.Event reports
+
+        tracker = make_tracker()
+        tracker._timer = CudaStepTimer(FakeEvent, size=64)
+        for _ in range(6):
+            tracker.step()
+        tracker.fold()
+        name = T.STEP_DURATION.name
+        count = _sample(tracker, name + "_count")
+        assert count is not None and count >= 4
+        assert _sample(tracker, name, quantile="0.5") == 0.25
+        assert _sample(tracker, name, quantile="0.9") == 0.25
+        assert _sample(tracker, name + "_sum") == pytest.approx(0.25 * count)
+
     def test_only_rank_zero_exports_the_runs_view(
         self, make_tracker: Any, monkeypatch: pytest.MonkeyPatch
     ) -> None:
