@@ -13,11 +13,13 @@ TORCH ?= torch==2.13.0
 
 system-packages:
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
-	    || ! command -v prometheus-alertmanager >/dev/null; then \
-	  echo "installing Prometheus, promtool and Alertmanager from the OS packages"; \
+	    || ! command -v prometheus-alertmanager >/dev/null \
+	    || ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
+	  echo "installing Prometheus, promtool, Alertmanager, Slurm and munge from the OS packages"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus prometheus-alertmanager >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus prometheus-alertmanager \
+	    slurm-wlm munge >/dev/null; \
 	fi
 
 $(BIN)/python:

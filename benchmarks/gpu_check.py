@@ -67,6 +67,7 @@ def machine(smi_xml: str) -> dict[str, str]:
             out["MIG mode"] = (gpus[0].findtext("mig_mode/current_mig") or "").strip()
     except ET.ParseError as exc:
         out["nvidia-smi"] = f"unparseable XML: {exc}"
+    out["commit"] = _commit()
     out["torch"] = f"{torch.__version__} (CUDA {torch.version.cuda})"
     from importlib import metadata
 
@@ -80,6 +81,25 @@ def machine(smi_xml: str) -> dict[str, str]:
     out["CPU"] = _cpu_model()
     out["CPU cores"] = str(os.cpu_count())
     return out
+
+
+def _commit() -> str:
+    """The checkout's commit, ``+dirty`` when it has changes (``unknown`` outside a git checkout)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout)"
+    return head + ("+dirty" if dirty else "")
 
 
 def _cpu_model() -> str:

@@ -27,7 +27,14 @@ class TestAlertMetadata:
         """Severity routes the page, component groups and inhibits, the description quotes values."""
         rule = alert.rule(CFG)  # type: ignore[attr-defined]
         assert rule["labels"]["severity"] in {"critical", "warning"}
-        assert rule["labels"]["component"] in {"training", "checkpoint", "storage", "gpu", "node"}
+        assert rule["labels"]["component"] in {
+            "training",
+            "checkpoint",
+            "storage",
+            "gpu",
+            "node",
+            "remediation",
+        }
         annotations = rule["annotations"]
         assert set(annotations) == {"summary", "description", "runbook_url"}
         assert "{{ $value" in annotations["description"] or "{{ $labels." in annotations["description"]

@@ -3,13 +3,16 @@ training run (two ranks, the tracker) and a node agent with simulated GPUs, with
 
 Faults are injected so that panels which only show trouble have trouble to show: Xid errors, an
 uncorrectable ECC error, throttling, a pending row remap, NVLink and PCIe errors, a missing storage
-path, and a checkpoint deleted behind the ledger's back.
+path, a checkpoint deleted behind the ledger's back, a registered trainer endpoint that never answers
+and a malformed registration file.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import time
 import urllib.parse
 from pathlib import Path
@@ -19,6 +22,7 @@ import pytest
 
 from babysitter.catalog import train as T
 from babysitter.generate import GenerateConfig, render, write
+from babysitter.registration import Endpoint, process_start_time, register, user_dir
 from gen_helpers import REPO, LiveStack, dashboard_exprs, substitute_grafana
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
@@ -77,6 +81,15 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         prom.wait_for(f'{T.STEPS.name}{{rank="1"}} > 20', timeout=60)
         # A checkpoint the ledger lists disappears: the sentinel must report it missing.
         stack.newest_checkpoint().unlink()
+        # A live process registers an endpoint where nothing listens (every fetch fails: connect), and
+        # a file that is not a registration lands next to the trainers' (skipped: malformed).
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            closed = sock.getsockname()[1]
+        pid = os.getpid()
+        ghost = Endpoint(pid, process_start_time(pid), f"http://127.0.0.1:{closed}/metrics", "ghost", 0, 0)
+        register(stack.reg, ghost)
+        (user_dir(stack.reg) / "not-a-registration.json").write_text("[]")
         missing: list[tuple[str, str, str]] = []
         deadline = time.monotonic() + DEADLINE_S
         pending = queries

@@ -1,6 +1,7 @@
 """Acceptance: ``babysitter demo`` with a short scenario, the real stack (Prometheus, Alertmanager, node
-agent, CPU training), every scripted fault paged, the report's goodput equal to the ledger's,
-``babysitter top`` rendered against the live demo; Ctrl-C and a missing Prometheus."""
+agent, CPU training, ``babysitter remediate --dry-run``), every scripted fault paged, the Xid 79's
+drain and requeue planned on screen with their audit lines, the report's goodput equal to the
+ledger's, ``babysitter top`` rendered against the live demo; Ctrl-C and a missing Prometheus."""
 
 from __future__ import annotations
 
@@ -157,6 +158,29 @@ def test_demo_pages_every_fault_and_reports_the_ledgers_goodput(tmp_path: Path) 
     assert "not paged" not in out
     xid_page = re.search(r"\[\+\s*([\d.]+)s\] PAGE critical GpuXidCritical .*gpu=5 xid=79", out)
     assert xid_page and float(xid_page.group(1)) >= fault_at["Xid 79 on GPU 5: fallen off the bus"]
+    # babysitter remediate --dry-run got the Xid 79 from Alertmanager and printed what it would have
+    # done: drain the host, requeue its job (from the node agent's job map), each with its audit line.
+    node = stack["node_agent"].split("//")[1].split(":")[0]
+    drain = re.search(
+        rf"\[\+\s*([\d.]+)s\] REMEDIATE \(dry run\) drain host {re.escape(node)} for GpuXidCritical: "
+        rf'would run scontrol update NodeName={re.escape(node)} State=DRAIN "Reason=babysitter: Xid 79 on GPU 5"\n'
+        r"\s+audit: (\{.*\})\n",
+        out,
+    )
+    requeue = re.search(
+        rf"\[\+\s*([\d.]+)s\] REMEDIATE \(dry run\) requeue host {re.escape(node)} job 4242 for "
+        r"GpuXidCritical: would run scontrol requeue 4242\n\s+audit: (\{.*\})\n",
+        out,
+    )
+    assert drain and requeue, out
+    assert float(drain.group(1)) >= float(xid_page.group(1)) - 1.0  # after the page (same notification)
+    for match, action in ((drain, "drain"), (requeue, "requeue")):
+        shown = json.loads(match.group(2))
+        assert (shown["action"], shown["result"], shown["dry_run"]) == (action, "dry_run", True)
+    assert "babysitter remediate --dry-run planned 2 action(s), ran none" in out
+    audit = [json.loads(line) for line in (workdir / "remediate" / "audit.jsonl").read_text().splitlines()]
+    acted = [(r["action"], r["result"]) for r in audit if r["event"] == "action"]
+    assert acted == [("drain", "dry_run"), ("requeue", "dry_run")], audit
     # The final report's goodput is the ledger's, digit for digit.
     m = re.search(r"^goodput ([\d.]+)% \(productive", out, re.M)
     assert m, out
@@ -191,7 +215,7 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
     try:
         stack = _stack(workdir, proc)
         assert stack["duration"] == 80
-        assert set(stack["pids"]) == {"alertmanager", "prometheus", "node-agent", "trainer"}
+        assert set(stack["pids"]) == {"alertmanager", "prometheus", "remediate", "node-agent", "trainer"}
         time.sleep(3)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=40)

@@ -208,6 +208,26 @@ def test_tracked_loop_never_synchronizes(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------ frameworks
 
 
+def _check_callback(check: str, tracker: Any, wrapped: list[str], syncs: list[Any], steps: int) -> None:
+    """Record what a callback run did, then assert babysitter neither synchronized nor failed."""
+    assert tracker is not None
+    ours = [s for s in syncs if s.ours]
+    record(
+        check,
+        hooks_in_error_mode=wrapped,
+        steps=tracker.steps,
+        syncs_total=len(syncs),
+        syncs_babysitter=len(ours),
+        framework_sync_sites=sorted({s.where() for s in syncs if not s.ours}),
+        internal_errors=_internal_errors(tracker),
+    )
+    assert wrapped, "no hook was wrapped: the check would prove nothing"
+    assert not ours, [s.where() for s in ours]
+    assert not _internal_errors(tracker)
+    assert tracker.steps == steps
+    assert sample_value(tracker.registry, S.INTERNAL_ERRORS.name) in (None, 0.0)
+
+
 def test_lightning_callback_never_synchronizes(tmp_path: Path) -> None:
     import torch
 
@@ -248,22 +268,7 @@ def test_lightning_callback_never_synchronizes(tmp_path: Path) -> None:
     module = Module()  # built (and moved to the GPU) before the log: its copies are not the loop's
     with sync_log() as syncs:
         trainer.fit(module, loader)
-    tracker = callback.core.tracker
-    assert tracker is not None
-    ours = [s for s in syncs if s.ours]
-    record(
-        "sync_free_lightning",
-        hooks_in_error_mode=wrapped,
-        steps=tracker.steps,
-        syncs_total=len(syncs),
-        syncs_babysitter=len(ours),
-        framework_sync_sites=sorted({s.where() for s in syncs if not s.ours}),
-        internal_errors=_internal_errors(tracker),
-    )
-    assert wrapped, "no hook was wrapped: the check would prove nothing"
-    assert not ours, [s.where() for s in ours]
-    assert not _internal_errors(tracker)
-    assert tracker.steps == 30
+    _check_callback("sync_free_lightning", callback.core.tracker, wrapped, syncs, steps=30)
 
 
 def test_hf_callback_never_synchronizes(tmp_path: Path) -> None:
@@ -298,20 +303,5 @@ def test_hf_callback_never_synchronizes(tmp_path: Path) -> None:
     trainer = Trainer(model=model, args=args, train_dataset=rows, callbacks=[callback])  # type: ignore[arg-type]
     with sync_log() as syncs:
         trainer.train()
-    tracker = callback.tracker
-    assert tracker is not None
-    ours = [s for s in syncs if s.ours]
-    record(
-        "sync_free_hf",
-        hooks_in_error_mode=wrapped,
-        steps=tracker.steps,
-        syncs_total=len(syncs),
-        syncs_babysitter=len(ours),
-        framework_sync_sites=sorted({s.where() for s in syncs if not s.ours}),
-        internal_errors=_internal_errors(tracker),
-    )
     assert "_pre_forward" in wrapped and "on_step_end" in wrapped
-    assert not ours, [s.where() for s in ours]
-    assert not _internal_errors(tracker)
-    assert tracker.steps == 25
-    assert sample_value(tracker.registry, S.INTERNAL_ERRORS.name) in (None, 0.0)
+    _check_callback("sync_free_hf", callback.tracker, wrapped, syncs, steps=25)

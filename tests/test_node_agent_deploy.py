@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +33,33 @@ def test_systemd_unit_sets_what_the_agent_reads() -> None:
     assert f"{registration.ENV_DIR}=/tmp/babysitter" in unit
     assert "KillSignal=SIGTERM" in unit
     assert "CAP_SYSLOG" in unit
+
+
+def test_registration_directory_is_root_owned_and_sticky_everywhere(tmp_path: Path) -> None:
+    """systemd-tmpfiles creates the directory 1777 root before any user; the DynamicUser unit (whose
+    /tmp is private) binds it read-only; the DaemonSet's init container makes kubelet's 0755 dir 1777."""
+    tmpfiles = [
+        line.split()
+        for line in (EXPORTERS / "babysitter-tmpfiles.conf").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert tmpfiles == [["d", "/tmp/babysitter", "1777", "root", "root", "-"]]
+    unit = (EXPORTERS / "babysitter-node-agent.service").read_text()
+    assert "BindReadOnlyPaths=/tmp/babysitter" in unit
+    assert "ReadWritePaths=/tmp/babysitter" not in unit
+    yaml = pytest.importorskip("yaml")
+    spec = yaml.safe_load((EXPORTERS / "node-agent-daemonset.yaml").read_text())["spec"]["template"]["spec"]
+    init = spec["initContainers"][0]
+    assert "0o1777" in init["command"][-1]
+    assert init["volumeMounts"] == [{"name": "registry", "mountPath": "/tmp/babysitter"}]
+    registry = tmp_path / "registry"
+    registry.mkdir(mode=0o755)
+    script = init["command"][-1].replace("/tmp/babysitter", str(registry))
+    subprocess.run([sys.executable, "-c", script], check=True)
+    if registry.stat().st_uid == 0:
+        assert stat.S_IMODE(registry.stat().st_mode) == 0o1777
+    agent_mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
+    assert agent_mounts["/tmp/babysitter"]["readOnly"] is True
 
 
 def test_daemonset_mounts_kmsg_registry_and_checkpoints() -> None:

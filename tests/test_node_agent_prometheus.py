@@ -48,10 +48,16 @@ TRACKER = textwrap.dedent(
 )
 
 #: Families the agent exports in this setup. Retired pages are absent on purpose: an H100 remaps rows
-#: and NVML answers NotSupported for page retirement (test_node_sim covers both kinds of GPU).
-EXPECTED_NODE = {
-    spec.name for spec in N.METRICS if spec not in (N.GPU_RETIRED_PAGES, N.GPU_RETIRED_PAGES_PENDING)
-}
+#: and NVML answers NotSupported for page retirement (test_node_sim covers both kinds of GPU); so are
+#: the trainer error and skipped-registration counters, which appear once something fails (covered
+#: by test_node_trainers_hostile).
+_ABSENT = (
+    N.GPU_RETIRED_PAGES,
+    N.GPU_RETIRED_PAGES_PENDING,
+    N.TRAINER_SCRAPE_ERRORS,
+    N.TRAINER_REGISTRATIONS_SKIPPED,
+)
+EXPECTED_NODE = {spec.name for spec in N.METRICS if spec not in _ABSENT}
 EXPECTED_STORAGE = {ST.STORAGE_PROBE_WRITE.name, ST.STORAGE_PROBE_FSYNC.name, ST.STORAGE_FREE.name}
 EXPECTED_SENTINEL = {ST.CHECKPOINT_MISSING.name}
 

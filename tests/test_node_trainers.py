@@ -206,3 +206,33 @@ def test_endpoint_count_is_bounded(reg: Path) -> None:
     finally:
         for t in servers:
             t.stop()
+
+
+def test_https_trainer_is_verified_against_the_ca_file(reg: Path, tmp_path: Path) -> None:
+    """A tracker serving HTTPS is fetched when the agent has its CA, and fails as tls without it."""
+    import babysitter
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    tracker = babysitter.watch(
+        run="tls", port=0, registry_dir=reg, tls=babysitter.TLSConfig(str(cert), str(key)), peak_flops=1e12
+    )
+    trusting, unverified = TrainersCollector(reg, ca_file=str(cert)), TrainersCollector(reg)
+    try:
+        tracker.step()
+        s = scrape(trusting)
+        assert s.value(N.TRAINER_SCRAPE_SUCCESS.name, run="tls") == 1
+        assert s.value("train_steps_total", run="tls", rank="0") == 1
+        bad = scrape(unverified)
+        assert bad.value(N.TRAINER_SCRAPE_SUCCESS.name, run="tls") == 0
+        assert bad.value(N.TRAINER_SCRAPE_ERRORS.name, run="tls", reason="tls") == 1
+    finally:
+        tracker.close()

@@ -153,3 +153,24 @@ def test_timeline_lines_break_across_long_gaps() -> None:
     assert ys[:4] == [1.0] * 4
     assert ys[5:] == [27.0, 1.0]
     assert _broken([0.0, 1.0, 2.0], [1.0, 2.0, 3.0]) == ([0.0, 1.0, 2.0], [1.0, 2.0, 3.0])
+
+
+def test_markup_in_the_ledgers_strings_is_printed_as_text(tmp_path: Path) -> None:
+    """A host or run name with rich markup (the file is on shared storage) is shown literally; before,
+    a host of ``[/]x`` killed the table with a MarkupError."""
+    import io
+
+    from rich.console import Console
+
+    from babysitter.cli.report import render_table
+    from babysitter.ledger.records import Start
+    from test_ledger_helpers import Book, ramp
+
+    book = Book().start(0.0).steps(1, ramp(0.5, 5)).end(10.0)
+    first = book.records[0]
+    assert isinstance(first, Start)
+    book.records[0] = Start(t=first.t, pst=first.pst, id=first.id, host="[/]x", pid=1, run="r[bold]")
+    book.write(tmp_path / "babysitter-ledger.jsonl")
+    out = io.StringIO()
+    render_table(summarize(tmp_path), console=Console(file=out, width=200, color_system=None))
+    assert "[/]x" in out.getvalue() and "r[bold]" in out.getvalue()

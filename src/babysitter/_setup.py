@@ -11,6 +11,8 @@ import logging
 import math
 import os
 import re
+import socket
+import ssl
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -108,15 +110,21 @@ def _run_name(run: str | None, run_dir: Path | None, env: Mapping[str, str]) -> 
 def _port(port: int | None, rank: RankInfo, env: Mapping[str, str]) -> int | None:
     if port is None:
         raw = env.get("BABYSITTER_PORT")
-        if raw is None:
-            return DEFAULT_BASE_PORT + rank.local_rank
-        try:
-            base = int(raw)
-        except ValueError:
-            raise ValueError(f"BABYSITTER_PORT={raw!r} is not an integer") from None
-        if base == 0:
-            return 0
+        base, source = DEFAULT_BASE_PORT, f"the default base port {DEFAULT_BASE_PORT}"
+        if raw is not None:
+            try:
+                base = int(raw)
+            except ValueError:
+                raise ValueError(f"BABYSITTER_PORT={raw!r} is not an integer") from None
+            if base == 0:
+                return 0
+            source = f"BABYSITTER_PORT={base}"
         port = base + rank.local_rank
+        if not 0 < port <= 65535:
+            raise ValueError(
+                f"the metrics port is {source} + LOCAL_RANK {rank.local_rank} = {port}, outside 1..65535: "
+                "check LOCAL_RANK and BABYSITTER_PORT, or pass port= (0 = any free port, -1 = none)"
+            )
     if isinstance(port, bool) or not isinstance(port, int):
         raise TypeError(f"port must be an int, got {type(port).__name__}")
     if port < 0:
@@ -124,6 +132,40 @@ def _port(port: int | None, rank: RankInfo, env: Mapping[str, str]) -> int | Non
     if port > 65535:
         raise ValueError(f"port must be 0..65535 (0 = any free port, -1 = no endpoint), got {port}")
     return port
+
+
+def _addr(addr: object) -> str:
+    """A bind address of this host: a literal IP (or a name resolving to one) that can be bound."""
+    if not isinstance(addr, str) or not addr.strip():
+        raise ValueError("addr must be a non-empty address string such as '127.0.0.1' or '0.0.0.0'")
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM)[0]
+    except (OSError, UnicodeError) as exc:
+        raise ValueError(f"addr {addr!r} is not an IP address or a resolvable host name: {exc}") from None
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind(sockaddr)  # port 0: checks the address, takes no port
+    except OSError as exc:
+        raise ValueError(
+            f"addr {addr!r} is not an address of this host ({exc.strerror or exc}); use '127.0.0.1' "
+            "(the default: the node agent serves the metrics), '0.0.0.0' or an address of this host"
+        ) from None
+    return addr
+
+
+def _tls(tls: object) -> TLSConfig | None:
+    """The TLS settings, with the certificate, key and client CA loaded once to prove they work."""
+    if tls is None:
+        return None
+    if not isinstance(tls, TLSConfig):
+        raise TypeError(
+            f"tls must be a babysitter.TLSConfig(certfile=..., keyfile=...), got {type(tls).__name__}"
+        )
+    try:
+        tls.context()
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"tls: {exc}") from None
+    return tls
 
 
 def _flops(
@@ -241,8 +283,8 @@ def resolve(
         samples_per_step = _count("samples_per_step", samples_per_step)
     if seq_len is not None and _count("seq_len", seq_len) == 0:
         raise ValueError("seq_len must be > 0")
-    if not isinstance(addr, str) or not addr:
-        raise ValueError("addr must be a non-empty address string such as '127.0.0.1' or '0.0.0.0'")
+    addr = _addr(addr)
+    tls = _tls(tls)
     registry_path: Path | None = None
     if registry_dir is not None:
         registry_path = Path(registry_dir)

@@ -41,6 +41,8 @@ def validate_labels(labels: Mapping[str, object] | None) -> dict[str, str]:
             raise ValueError(f"invalid label name {name!r}: use [a-zA-Z_][a-zA-Z0-9_]*, not starting with __")
         if name in RESERVED:
             raise ValueError(f"label name {name!r} is reserved by babysitter; pick another name")
+        if value is None:
+            raise ValueError(f"label {name!r} is None: pass its value as a string")
         text = sanitize_value(value)
         if not text:
             raise ValueError(f"label {name!r} has an empty value")

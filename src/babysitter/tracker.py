@@ -701,6 +701,24 @@ class Tracker:
             except Exception as exc:
                 self.errors.record("close", exc)
 
+    def _after_fork_in_child(self) -> None:
+        """In a child forked from this process: export nothing, write nothing, never block.
+
+        The parent's threads do not exist in the child and its locks may be held forever, so the
+        child's tracker is closed without running anything: no ledger record (the parent owns the
+        ledger), no unregistration (the registration is the parent's), no server shutdown (the
+        child's copies of the sockets are closed by the server's own fork handler). ``step()`` stays
+        harmless. A child that trains calls :func:`babysitter.watch` again for its own tracker.
+        """
+        self._lock = threading.Lock()
+        self._closed = True
+        self._stop = threading.Event()
+        self._thread = None
+        self._close_hooks.clear()
+        self._housekeeping_hooks.clear()
+        self._events = NullEvents()
+        self.metrics_url = None
+
     def add_close_hook(self, hook: Callable[[], None]) -> None:
         """Run ``hook()`` at close (the exporters release their port and registration this way)."""
         self._close_hooks.append(hook)

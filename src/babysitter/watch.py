@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import sys
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +25,20 @@ from babysitter.tracker import Tracker
 __all__ = ["watch"]
 
 log = logging.getLogger("babysitter")
+
+#: Trackers of this process, made inert in a forked child (see Tracker._after_fork_in_child).
+_TRACKERS: weakref.WeakSet[Tracker] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for tracker in list(_TRACKERS):
+        try:
+            tracker._after_fork_in_child()
+        except Exception as exc:  # never raise in a fork handler
+            log.debug("babysitter: fork handler failed: %s", exc)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def watch(
@@ -154,6 +169,7 @@ def watch(
     timer, loss_reader = _cuda_parts(config)
     events = _events(config, enabled=ledger)
     tracker = Tracker(config, events=events, cuda_timer=timer, loss_reader=loss_reader)
+    _TRACKERS.add(tracker)
     try:
         events.incarnation_start(
             time=tracker.start_time,

@@ -1,12 +1,12 @@
 """The one catalog of metrics: exporters, docs, dashboards and alert rules all read it.
 
 Domain modules hold the entries (:mod:`.train`, :mod:`.goodput`, :mod:`.node`, :mod:`.storage`, :mod:`.probe`,
-:mod:`.selfmon`); this module joins them and checks that no name is defined twice.
+:mod:`.remediate`, :mod:`.selfmon`); this module joins them and checks that no name is defined twice.
 """
 
 from __future__ import annotations
 
-from babysitter.catalog import budget, goodput, node, probe, runtime, selfmon, storage, train
+from babysitter.catalog import budget, goodput, node, probe, remediate, runtime, selfmon, storage, train
 from babysitter.catalog._spec import Kind, MetricSpec
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "goodput",
     "node",
     "probe",
+    "remediate",
     "runtime",
     "selfmon",
     "storage",
@@ -31,6 +32,7 @@ ALL: tuple[MetricSpec, ...] = (
     *node.METRICS,
     *storage.METRICS,
     *probe.METRICS,
+    *remediate.METRICS,
     *selfmon.METRICS,
 )
 

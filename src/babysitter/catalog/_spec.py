@@ -22,7 +22,7 @@ from prometheus_client.core import (
 __all__ = ["Kind", "MetricSpec", "Ranks"]
 
 Kind = Literal["counter", "gauge", "histogram", "summary", "info"]
-Source = Literal["tracker", "node", "probe", "self"]
+Source = Literal["tracker", "node", "probe", "self", "remediate"]
 #: Which training ranks export a tracker metric: every rank, or rank 0 alone (the run's view).
 Ranks = Literal["all", "rank0"]
 

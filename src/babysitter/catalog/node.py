@@ -36,7 +36,9 @@ __all__ = [
     "NODE_INFO",
     "TRAINERS",
     "TRAINER_REGISTRATIONS_DROPPED",
+    "TRAINER_REGISTRATIONS_SKIPPED",
     "TRAINER_SCRAPE_DURATION",
+    "TRAINER_SCRAPE_ERRORS",
     "TRAINER_SCRAPE_SUCCESS",
     "XID_SOURCE_UP",
 ]
@@ -140,8 +142,9 @@ TRAINER_SCRAPE_SUCCESS = MetricSpec(
     "babysitter_trainer_scrape_success",
     "gauge",
     "",
-    "1 when the agent's last fetch of a registered trainer endpoint succeeded.",
-    labels=("run", "rank"),
+    "1 when the agent's last fetch of a registered trainer endpoint succeeded; owner_uid is the user "
+    "whose registration it is (from the file system, not from the file).",
+    labels=("run", "rank", "owner_uid"),
     source="node",
 )
 TRAINER_SCRAPE_DURATION = MetricSpec(
@@ -149,7 +152,27 @@ TRAINER_SCRAPE_DURATION = MetricSpec(
     "gauge",
     "seconds",
     "Time the agent's last fetch of a registered trainer endpoint took.",
-    labels=("run", "rank"),
+    labels=("run", "rank", "owner_uid"),
+    source="node",
+)
+TRAINER_SCRAPE_ERRORS = MetricSpec(
+    "babysitter_trainer_scrape_errors_total",
+    "counter",
+    "",
+    "Failed fetches of a registered trainer endpoint, by reason: timeout (no complete response within "
+    "the deadline), connect, tls, redirect (never followed), http_status, too_large, too_many_series, "
+    "protocol, label_mismatch (it serves another run or rank than it registered), forbidden_target.",
+    labels=("run", "rank", "reason"),
+    source="node",
+)
+TRAINER_REGISTRATIONS_SKIPPED = MetricSpec(
+    "babysitter_trainer_registrations_skipped_total",
+    "counter",
+    "",
+    "Registration files the agent did not serve, each counted once, by reason: misplaced, not_regular, "
+    "wrong_owner, unreadable, too_large, malformed, forbidden_target, dead, too_many, conflict (a run "
+    "or rank another registration holds). See docs/security.md.",
+    labels=("reason",),
     source="node",
 )
 TRAINER_REGISTRATIONS_DROPPED = MetricSpec(
@@ -216,5 +239,7 @@ METRICS: tuple[MetricSpec, ...] = (
     TRAINERS,
     TRAINER_SCRAPE_SUCCESS,
     TRAINER_SCRAPE_DURATION,
+    TRAINER_SCRAPE_ERRORS,
     TRAINER_REGISTRATIONS_DROPPED,
+    TRAINER_REGISTRATIONS_SKIPPED,
 )

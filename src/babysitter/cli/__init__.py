@@ -21,6 +21,7 @@ _COMMANDS = (
     "report",
     "top",
     "node_agent",
+    "remediate",
     "generate",
     "flops",
     "probe",

@@ -1,4 +1,5 @@
-"""``babysitter report RUN_DIR``: where a run's wall time went, from its goodput ledger.
+"""``babysitter report RUN_DIR``: where a run's wall time went, from its goodput ledger, and why each
+restart happened (with the notes ``babysitter remediate`` leaves next to the ledger).
 
 Prints a table (rich), writes a PNG timeline (matplotlib) with ``--png``, or a JSON summary with
 ``--json``. rich and matplotlib are the ``report`` extra; they are imported only when needed.
@@ -130,13 +131,15 @@ def _utc(t: float) -> str:
 def render_table(summary: RunSummary, console: Any = None) -> None:
     """Print the goodput tables with rich (to ``console``, default stdout)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     console = console or Console()
     t = summary.totals
     console.print(
-        f"[bold]{summary.run}[/bold]  state [bold]{summary.state}[/bold]  wall {_dur(t.wall_seconds)}  "
-        f"goodput [bold]{t.goodput:.1%}[/bold]  restarts {t.restarts}  "
+        f"[bold]{escape(summary.run)}[/bold]  state [bold]{summary.state}[/bold]  "
+        f"wall {_dur(t.wall_seconds)}  goodput [bold]{t.goodput:.1%}[/bold]  restarts {t.restarts}  "
         f"checkpoints {summary.checkpoints_ok} saved / {summary.checkpoints_failed} failed"
     )
     if summary.at_risk_seconds > 0:
@@ -185,7 +188,7 @@ def render_table(summary: RunSummary, console: Any = None) -> None:
         steps = "-" if inc.first_step is None else f"{inc.first_step}..{inc.last_step}"
         incs.add_row(
             str(inc.index),
-            inc.host,
+            Text(inc.host),  # from the ledger file: never markup
             str(inc.pid),
             _utc(inc.start),
             _dur(inc.end - inc.start),
@@ -195,6 +198,45 @@ def render_table(summary: RunSummary, console: Any = None) -> None:
             inc.ending,
         )
     console.print(incs)
+    _render_restarts(summary, console)
+
+
+def _render_restarts(summary: RunSummary, console: Any) -> None:
+    """Each restart's cause, downtime, time to detect and time to recover; remediations still pending."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if summary.notes_error or summary.notes_skipped:
+        skipped = ", ".join(f"{n} {why}" for why, n in sorted(summary.notes_skipped.items()))
+        console.print(
+            Text(
+                "remediation notes: "
+                + "; ".join(x for x in (summary.notes_error, skipped and f"skipped {skipped}") if x),
+                style="yellow",
+            )
+        )
+    if summary.restart_list:
+        table = Table(title="Restarts")
+        for col in ("#", "after", "downtime", "cause", "detect", "recover"):
+            table.add_column(
+                col, justify="right" if col in ("#", "downtime", "detect", "recover") else "left"
+            )
+        for r in summary.restart_list:
+            table.add_row(
+                str(r.index),
+                r.after,
+                _dur(r.downtime_seconds),
+                Text(r.cause),  # from the notes file: never markup
+                "-" if r.time_to_detect_seconds is None else _dur(r.time_to_detect_seconds),
+                "-" if r.time_to_recover_seconds is None else _dur(r.time_to_recover_seconds),
+            )
+        console.print(table)
+    last_begin = summary.incarnations[-1].start if summary.incarnations else None
+    for note, restart in summary.remediations:
+        if restart is None and last_begin is not None and note.t > last_begin:
+            console.print(
+                Text(f"{_utc(note.t)} UTC {note.cause}; no incarnation has started since", style="yellow")
+            )
 
 
 def render_png(summary: RunSummary, path: Path, *, now: float | None = None) -> None:

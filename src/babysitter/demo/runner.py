@@ -3,14 +3,17 @@
 The stack: a node agent with simulated GPUs (it also serves the training process's metrics), the tiny
 GPT training run (:mod:`babysitter.demo.trainer`), Prometheus loaded with the generated rules (the
 fast profile, plus a slow-save threshold a CPU demo can reach), Alertmanager routing every alert to
-the demo's pager (:mod:`babysitter.demo.pager`). Without the Prometheus binaries the rest still runs
-and the terminal says what is missing and how to install it.
+the demo's pager (:mod:`babysitter.demo.pager`) and the GPU alerts also to ``babysitter remediate
+--dry-run`` (:mod:`babysitter.demo.remediation`), whose planned drain and requeue print as they are
+decided. Without the Prometheus binaries the rest still runs and the terminal says what is missing and
+how to install it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter.demo.pager import Page, PagerServer
+from babysitter.demo.remediation import AuditTail, describe, remediate_policy, write_job_map
 from babysitter.demo.scenario import PROCESS_EVENTS, DemoEvent, Scenario
 from babysitter.demo.stack import (
     INSTALL_HINT,
@@ -152,6 +156,10 @@ class _Demo:
         self.view: DemoView | None = None
         self.pending_pages: list[Page] = []
         self._prom_config: tuple[Path, list[Path], str | None] | None = None
+        self.audit: AuditTail | None = None
+        self.remediate_url: str | None = None
+        #: What the dry-run remediator decided: ``(line, audit line)``, in order.
+        self.remediations: list[tuple[str, str]] = []
 
     # -------------------------------------------------------------------------------- start
 
@@ -188,34 +196,13 @@ class _Demo:
             path = rules_dir / Path(rel).name
             path.write_text(files[rel])
             rule_files.append(path)
-        am_address = None
-        if self.binaries.alertmanager is not None:
-            self.pager = PagerServer(self._on_page).start()
-            am_dir = self.workdir / "alertmanager"
-            am_dir.mkdir(exist_ok=True)
-            config = write_json(am_dir / "alertmanager.yml", alertmanager_config(self.pager.url))
-            am_bin = self.binaries.alertmanager
-            port = self.stack.start_server(
-                "alertmanager",
-                lambda port: [
-                    am_bin,
-                    f"--config.file={config}",
-                    f"--storage.path={am_dir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                    "--cluster.listen-address=",  # no gossip port: a single instance
-                    "--log.level=warn",
-                ],
-                timeout=30,
-            )
-            am_address = f"127.0.0.1:{port}"
-            self.alertmanager_url = f"http://{am_address}"
+        # Prometheus first (the remediator's job map needs its URL), with neither target nor
+        # Alertmanager yet: point_prometheus() reloads it with both.
         prom_dir = self.workdir / "prometheus"
         prom_dir.mkdir(exist_ok=True)
-        self._prom_config = (prom_dir / "prometheus.yml", rule_files, am_address)
-        # No target yet: the node agent binds an ephemeral port later; point_prometheus() reloads.
         config = write_json(
             prom_dir / "prometheus.yml",
-            prometheus_config(agent=None, rule_files=rule_files, alertmanager=am_address, cluster=CLUSTER),
+            prometheus_config(agent=None, rule_files=rule_files, alertmanager=None, cluster=CLUSTER),
         )
         prom_bin = self.binaries.prometheus
         port = self.stack.start_server(
@@ -231,6 +218,71 @@ class _Demo:
             timeout=60,
         )
         self.prometheus_url = f"http://127.0.0.1:{port}"
+        am_address = None
+        if self.binaries.alertmanager is not None:
+            self.pager = PagerServer(self._on_page).start()
+            remediate_url = self.start_remediator()
+            am_dir = self.workdir / "alertmanager"
+            am_dir.mkdir(exist_ok=True)
+            config = write_json(
+                am_dir / "alertmanager.yml", alertmanager_config(self.pager.url, remediate_url)
+            )
+            am_bin = self.binaries.alertmanager
+            am_port = self.stack.start_server(
+                "alertmanager",
+                lambda port: [
+                    am_bin,
+                    f"--config.file={config}",
+                    f"--storage.path={am_dir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--cluster.listen-address=",  # no gossip port: a single instance
+                    "--log.level=warn",
+                ],
+                timeout=30,
+            )
+            am_address = f"127.0.0.1:{am_port}"
+            self.alertmanager_url = f"http://{am_address}"
+        self._prom_config = (prom_dir / "prometheus.yml", rule_files, am_address)
+
+    def start_remediator(self) -> str:
+        """``babysitter remediate --dry-run`` on an ephemeral port; its webhook URL."""
+        assert self.prometheus_url is not None
+        rem_dir = self.workdir / "remediate"
+        no_scheduler = rem_dir / "no-scheduler-bin"  # its PATH: no Slurm command, on any machine
+        no_scheduler.mkdir(parents=True, exist_ok=True)
+        audit = rem_dir / "audit.jsonl"
+        policy = write_json(
+            rem_dir / "policy.json",
+            remediate_policy(audit_log=audit, prometheus_url=self.prometheus_url, cluster=CLUSTER),
+        )
+        port_file = rem_dir / "remediate.addr"
+        proc = self.stack.start(
+            "remediate",
+            [
+                sys.executable, "-m", "babysitter", "remediate", "--dry-run",
+                "--policy", str(policy),
+                "--listen-address", "127.0.0.1:0",
+                "--port-file", str(port_file),
+            ],
+            env={**os.environ, "PATH": str(no_scheduler)},
+        )  # fmt: skip
+        address = self._address("remediate", proc, port_file, "babysitter remediate")
+        self.audit = AuditTail(audit)
+        self.remediate_url = f"http://{address}/alerts"
+        return self.remediate_url
+
+    def show_remediations(self) -> None:
+        """Print what the dry-run remediator decided since the last call."""
+        if self.audit is None:
+            return
+        for record in self.audit.new_records():
+            found = describe(record)
+            if found is None:
+                continue
+            self.remediations.append(found)
+            head, line = found
+            if self.view is not None:
+                self.view.remediation(head, line, refused=record.get("event") == "refused")
 
     def point_prometheus(self) -> None:
         """Add the node agent as Prometheus' target and reload its configuration."""
@@ -252,6 +304,8 @@ class _Demo:
         scenario_path = write_json(
             self.workdir / "node-scenario.json", {"events": self.scenario.node_events()}
         )
+        jobs_dir = self.workdir / "gpu-jobs"
+        write_job_map(jobs_dir, self.scenario.gpus)
         port_file = self.workdir / "node-agent.addr"
         proc = self.stack.start(
             "node-agent",
@@ -269,18 +323,21 @@ class _Demo:
                 "--checkpoint-run-dir", str(self.run_dir),
                 "--checkpoint-interval", "5",
                 "--collector-timeout", "0.8",
+                "--gpu-job-dir", str(jobs_dir),
             ],
         )  # fmt: skip
-        deadline = time.monotonic() + 60
+        self.agent_address = self._address("node-agent", proc, port_file, "node agent")
+
+    def _address(self, name: str, proc: Any, port_file: Path, what: str, timeout: float = 60.0) -> str:
+        """The HOST:PORT a process writes into ``port_file`` once it serves; StackError if it dies first."""
+        deadline = time.monotonic() + timeout
         while not port_file.exists():
             if proc.poll() is not None:
-                raise StackError(
-                    f"node agent exited: {self.stack.log_path('node-agent').read_text()[-1500:]}"
-                )
+                raise StackError(f"{what} exited: {self.stack.log_path(name).read_text()[-1500:]}")
             if time.monotonic() > deadline:
-                raise StackError("node agent did not start in 60 s")
+                raise StackError(f"{what} did not start in {timeout:g} s")
             time.sleep(0.1)
-        self.agent_address = port_file.read_text().strip()
+        return port_file.read_text().strip()
 
     def start_trainer(self) -> None:
         self.stack.start(
@@ -305,6 +362,7 @@ class _Demo:
                 "prometheus": self.prometheus_url,
                 "alertmanager": self.alertmanager_url,
                 "pager": self.pager.url if self.pager else None,
+                "remediate": self.remediate_url,
                 "node_agent": f"http://{self.agent_address}/metrics",
                 "run_dir": str(self.run_dir),
                 "t0": self.t0,
@@ -367,6 +425,7 @@ class _Demo:
                     self.start_trainer()
             if not self.stack.alive("node-agent"):
                 raise StackError(f"node agent died: {self.stack.log_path('node-agent').read_text()[-1500:]}")
+            self.show_remediations()
             if now >= next_frame:
                 next_frame = now + 1.0
                 try:
@@ -402,6 +461,20 @@ class _Demo:
         while time.time() < deadline and any(d is None for r in results for d in r.pages.values()):
             time.sleep(0.5)
             results = match_pages(self.scenario.events, self.pager.snapshot(), self.t0)
+        self.show_remediations()
+
+    def remediation_summary(self) -> None:
+        """What the dry-run remediator would have done, in one line after the fault table."""
+        if self.audit is None:
+            return
+        planned = [head for head, _ in self.remediations if head.startswith("REMEDIATE (dry run)")]
+        self.console.print(
+            f"babysitter remediate --dry-run planned {len(planned)} action(s), ran none; "
+            f"audit log: {self.audit.path}",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
 
     def fault_table(self) -> list[FaultResult]:
         from rich.table import Table
@@ -498,7 +571,8 @@ def run_demo(options: DemoOptions, console: Any) -> int:
                 f"stack up: {demo.scenario.gpus} simulated {demo.scenario.gpu_model} GPUs (node agent "
                 f"http://{demo.agent_address}), tiny GPT training on CPU"
                 + (f", Prometheus {demo.prometheus_url}" if demo.prometheus_url else "")
-                + (", Alertmanager -> demo pager" if demo.alertmanager_url else ""),
+                + (", Alertmanager -> demo pager" if demo.alertmanager_url else "")
+                + (" + babysitter remediate --dry-run (GPU alerts)" if demo.remediate_url else ""),
                 style="bold",
             )
             demo.view.start()
@@ -511,6 +585,7 @@ def run_demo(options: DemoOptions, console: Any) -> int:
                 demo.stack.stop("trainer", grace=30)
             demo.wait_for_pages()
             results = demo.fault_table()
+            demo.remediation_summary()
             demo.report()
             if demo.binaries.missing():
                 demo.say(

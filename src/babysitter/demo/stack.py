@@ -119,19 +119,30 @@ def prometheus_config(
     return config
 
 
-def alertmanager_config(pager_url: str) -> dict[str, object]:
+def alertmanager_config(pager_url: str, remediate_url: str | None = None) -> dict[str, object]:
     """Every alert to the demo's pager, quickly (1 s group wait), with resolutions; no inhibitions, so
-    each fault's own page shows (exporters/alertmanager.yml is the production routing)."""
-    return {
-        "route": {
-            "receiver": "pager",
-            "group_by": ["alertname", "cluster", "run", "instance", "gpu"],
-            "group_wait": "1s",
-            "group_interval": "2s",
-            "repeat_interval": "1h",
-        },
-        "receivers": [{"name": "pager", "webhook_configs": [{"url": pager_url, "send_resolved": True}]}],
+    each fault's own page shows (exporters/alertmanager.yml is the production routing). With
+    ``remediate_url``, GPU alerts also go to ``babysitter remediate`` (``continue``: the page still goes
+    out), as docs/remediate.md routes them."""
+    route: dict[str, object] = {
+        "receiver": "pager",
+        "group_by": ["alertname", "cluster", "run", "instance", "gpu"],
+        "group_wait": "1s",
+        "group_interval": "2s",
+        "repeat_interval": "1h",
     }
+    receivers: list[dict[str, object]] = [
+        {"name": "pager", "webhook_configs": [{"url": pager_url, "send_resolved": True}]}
+    ]
+    if remediate_url is not None:
+        route["routes"] = [
+            {"receiver": "remediate", "matchers": ['alertname=~"Gpu.*"'], "continue": True},
+            {"receiver": "pager"},
+        ]
+        receivers.append(
+            {"name": "remediate", "webhook_configs": [{"url": remediate_url, "send_resolved": True}]}
+        )
+    return {"route": route, "receivers": receivers}
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], *, timeout: float, what: str, log_path: Path) -> None:

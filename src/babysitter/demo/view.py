@@ -101,6 +101,22 @@ class DemoView:
             self.console.print(line, style=style, soft_wrap=True, highlight=False, markup=False)
             self._refresh()
 
+    def remediation(self, head: str, audit_line: str, *, refused: bool = False) -> None:
+        """What the remediator did (or, in a dry run, would do), and its audit record."""
+        with self._lock:
+            style = "bold yellow" if refused else "bold magenta"
+            self.console.print(
+                f"{self._clock()} {head}", style=style, soft_wrap=True, highlight=False, markup=False
+            )
+            self.console.print(
+                f"          audit: {audit_line}",
+                style="magenta",
+                soft_wrap=True,
+                highlight=False,
+                markup=False,
+            )
+            self._refresh()
+
     def update(self, frame: Frame | None, next_event: DemoEvent | None) -> None:
         """New data for the live panel (or, without one, a status line now and then)."""
         with self._lock:

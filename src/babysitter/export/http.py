@@ -1,14 +1,20 @@
-"""The per-process metrics endpoint: explicit bind address, optional TLS, a busy port never fatal."""
+"""The per-process metrics endpoint: explicit bind address, optional TLS, a busy port never fatal.
+
+Served by :class:`~babysitter.export.server.MetricsServer` (bounded connections and threads, read
+and write deadlines), never by a thread per connection: a training process must not run out of file
+descriptors because someone opened connections to its metrics port.
+"""
 
 from __future__ import annotations
 
 import errno
 import logging
-import threading
+import ssl
 from dataclasses import dataclass
-from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
+
+from babysitter.export.server import MetricsServer, tls_context
 
 __all__ = ["Endpoint", "TLSConfig", "serve"]
 
@@ -23,6 +29,10 @@ class TLSConfig:
     keyfile: str
     client_cafile: str | None = None
 
+    def context(self) -> ssl.SSLContext:
+        """The server TLS context; OSError/ssl.SSLError naming the file that cannot be loaded."""
+        return tls_context(self.certfile, self.keyfile, self.client_cafile)
+
 
 @dataclass
 class Endpoint:
@@ -32,13 +42,13 @@ class Endpoint:
     port: int
     requested_port: int
     tls: bool
-    _server: Any
-    _thread: threading.Thread
+    _server: MetricsServer
 
     @property
     def url(self) -> str:
-        """The URL to scrape (loopback spelled ``127.0.0.1`` when bound to all addresses)."""
-        host = "127.0.0.1" if self.addr in ("", "0.0.0.0") else self.addr
+        """The URL to scrape: the address bound (a name resolved), loopback when bound to all."""
+        bound = self._server.address
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(bound, bound)
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         scheme = "https" if self.tls else "http"
@@ -46,8 +56,7 @@ class Endpoint:
 
     def close(self) -> None:
         """Stop serving and release the port."""
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.close()
 
 
 def serve(registry: CollectorRegistry, *, addr: str, port: int, tls: TLSConfig | None = None) -> Endpoint:
@@ -56,24 +65,15 @@ def serve(registry: CollectorRegistry, *, addr: str, port: int, tls: TLSConfig |
     A fallback is logged once with both ports; the agent finds the endpoint through the registration
     directory either way. Other OSErrors (bad address, TLS files unreadable) propagate to the caller.
     """
-    kwargs: dict[str, Any] = {}
-    if tls is not None:
-        kwargs = {
-            "certfile": tls.certfile,
-            "keyfile": tls.keyfile,
-            "client_cafile": tls.client_cafile,
-            "client_auth_required": tls.client_cafile is not None,
-        }
+    context = tls.context() if tls is not None else None
     try:
-        server, thread = start_http_server(port, addr=addr, registry=registry, **kwargs)
+        server = MetricsServer(registry, addr, port, ssl_context=context, name="babysitter-metrics")
     except OSError as exc:
         if exc.errno != errno.EADDRINUSE or port == 0:
             raise
-        server, thread = start_http_server(0, addr=addr, registry=registry, **kwargs)
+        server = MetricsServer(registry, addr, 0, ssl_context=context, name="babysitter-metrics")
         log.warning(
-            "babysitter: port %d on %s is in use; serving metrics on port %d instead",
-            port,
-            addr,
-            server.server_port,
+            "babysitter: port %d on %s is in use; serving metrics on port %d instead", port, addr, server.port
         )
-    return Endpoint(addr, int(server.server_port), port, tls is not None, server, thread)
+    server.start()
+    return Endpoint(addr, server.port, port, tls is not None, server)

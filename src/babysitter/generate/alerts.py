@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from babysitter.catalog import MetricSpec
 from babysitter.catalog import goodput as G
 from babysitter.catalog import node as N
+from babysitter.catalog import remediate as M
 from babysitter.catalog import runtime as R
 from babysitter.catalog import storage as S
 from babysitter.catalog import train as T
@@ -831,6 +833,95 @@ def _node(cfg: GenerateConfig, r: Records) -> list[Alert]:
     return [storage_slow, storage_failing, collector_failing, xid_blind, agent_down, rack_silent]
 
 
+def _trainer_fetches(cfg: GenerateConfig, r: Records) -> list[Alert]:
+    """The node agent's own view of the trainers it serves: endpoints it cannot fetch, registrations it
+    refuses (docs/security.md), when they keep failing."""
+    ns, c, w, f = cfg.node_selector, cfg.cluster_label, cfg.trainer_failing_window, cfg.trainer_failing_for
+    errors, skipped = N.TRAINER_SCRAPE_ERRORS, N.TRAINER_REGISTRATIONS_SKIPPED
+
+    def keeps_growing(name: str, counter: str, **text: Any) -> Alert:
+        """A warning per host and reason while ``counter`` grew in every ``w`` for ``f`` (a counter
+        series appears with its first failure: new_or_increased counts that one too)."""
+        expr = f"sum by ({c}, instance, reason) (\n  {new_or_increased(counter, w)}\n)"
+        return Alert(name=name, expr=expr, severity="warning", component="node", for_=f, **text)
+
+    fetch = keeps_growing(
+        "NodeTrainerFetchFailing",
+        select(errors, ns),
+        summary=f"Trainer endpoints on {_l('instance')} keep failing: {_l('reason')}.",
+        description=(
+            f"The node agent on {_l('instance')} (cluster {_l(c)}) failed {_V} fetches of registered trainer "
+            f"endpoints with {_l('reason')} in the last {w}, and has kept failing for {f}. Those ranks' "
+            f"metrics are missing, so their stall, MFU and goodput alerts are blind; "
+            f"{errors.name} names the run and rank."
+        ),
+        test=AlertTest(
+            series=(
+                # n1: rank 0 of r1 times out at every scrape from 5m on (its series appears then).
+                (_series(errors, _with(_node_labels(), run="r1", rank="0", reason="timeout")), "_x4 1+1x40"),
+                # n2: one failed fetch (a trainer that was restarting), never again: no warning.
+                (
+                    _series(
+                        errors,
+                        _with(_node_labels(), instance="n2:9400", run="r2", rank="0", reason="connect"),
+                    ),
+                    "_x4 1+0x40",
+                ),
+            ),
+            quiet=(("5m", "failing, before for:"), ("15m", "before for:")),
+            fire_at="25m",
+            fire_labels=({"cluster": "c1", "instance": "n1:9400", "reason": "timeout"},),
+            fire_text=(
+                (
+                    "Trainer endpoints on n1:9400 keep failing: timeout.",
+                    "The node agent on n1:9400 (cluster c1) failed 10 fetches of registered trainer "
+                    "endpoints with timeout in the last 10m, and has kept failing for 15m. Those ranks' "
+                    "metrics are missing, so their stall, MFU and goodput alerts are blind; "
+                    f"{errors.name} names the run and rank.",
+                ),
+            ),
+        ),
+    )
+    registration = keeps_growing(
+        "NodeTrainerRegistrationSkipped",
+        # Each bad file is counted once, so growth means new ones keep coming; dead registrations (a
+        # trainer that exited) are the normal churn of jobs ending, not a fault.
+        select(skipped, ns, regex("reason", ("dead",), negate=True)),
+        summary=f"The node agent on {_l('instance')} keeps refusing trainer registrations: {_l('reason')}.",
+        description=(
+            f"The node agent on {_l('instance')} (cluster {_l(c)}) refused {_V} new trainer registrations as "
+            f"{_l('reason')} in the last {w}, and new ones have kept coming for {f}. Those trainers are not "
+            f"served, so their runs look absent to Prometheus; docs/security.md says what each reason means."
+        ),
+        test=AlertTest(
+            series=(
+                # n1: a tracker restarted in a loop registers as another user's directory every minute.
+                (_series(skipped, _with(_node_labels(), reason="wrong_owner")), "_x4 1+1x40"),
+                # n1: trainers ending leave dead registrations: churn, never a warning.
+                (_series(skipped, _with(_node_labels(), reason="dead")), "0+1x45"),
+                # n2: one malformed file, counted once and logged: no warning.
+                (
+                    _series(skipped, _with(_node_labels(), instance="n2:9400", reason="malformed")),
+                    "_x4 1+0x40",
+                ),
+            ),
+            quiet=(("5m", "refused, before for:"), ("15m", "before for:")),
+            fire_at="25m",
+            fire_labels=({"cluster": "c1", "instance": "n1:9400", "reason": "wrong_owner"},),
+            fire_text=(
+                (
+                    "The node agent on n1:9400 keeps refusing trainer registrations: wrong_owner.",
+                    "The node agent on n1:9400 (cluster c1) refused 10 new trainer registrations as "
+                    "wrong_owner in the last 10m, and new ones have kept coming for 15m. Those trainers are "
+                    "not served, so their runs look absent to Prometheus; docs/security.md says what each "
+                    "reason means.",
+                ),
+            ),
+        ),
+    )
+    return [fetch, registration]
+
+
 def _node_labels() -> dict[str, str]:
     return {key: _GPU[key] for key in ("cluster", "instance", "job")}
 
@@ -1058,11 +1149,83 @@ def _gpu_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
     return [xid_critical, xid_warning, down, ecc, pending, failed, throttled]
 
 
+def _remediation(cfg: GenerateConfig, r: Records) -> list[Alert]:
+    c, w = cfg.cluster_label, cfg.remediation_window
+    labels = {"cluster": "c1", "instance": "mon1:9097", "job": "babysitter-remediate"}
+    failed = select(M.ACTIONS, eq("result", "failed"))
+    failing = Alert(
+        name="RemediationFailing",
+        expr=f"sum by ({c}, instance, action) (\n  {new_or_increased(failed, w)}\n)",
+        severity="critical",
+        component="remediation",
+        summary=f"Remediation {_l('action')} failed on {_l('instance')}.",
+        description=(
+            f"{_V} {_l('action')} actions of the remediator at {_l('instance')} (cluster {_l(c)}) failed in "
+            f"the last {w}: the scheduler refused or timed out. The fault they answered is not handled; "
+            f"read the audit log and act by hand."
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=(
+                (_series(M.ACTIONS, _with(labels, action="drain", result="failed")), "0+0x10 1+0x20"),
+                (_series(M.ACTIONS, _with(labels, action="drain", result="ok")), "0+1x30"),
+                (_series(M.ACTIONS, _with(labels, action="requeue", result="failed")), "0+0x30"),
+            ),
+            quiet=(("9m", "every action succeeded so far"), ("28m", f"the failure left the {w} window")),
+            fire_at="12m",
+            fire_labels=({"action": "drain", "cluster": "c1", "instance": "mon1:9097"},),
+            fire_text=(
+                (
+                    "Remediation drain failed on mon1:9097.",
+                    "1 drain actions of the remediator at mon1:9097 (cluster c1) failed in the last 15m: the "
+                    "scheduler refused or timed out. The fault they answered is not handled; read the audit "
+                    "log and act by hand.",
+                ),
+            ),
+        ),
+    )
+    capped = select(M.REFUSALS, regex("reason", ("drain_cap", "rate_limit")))
+    cap_hit = Alert(
+        name="RemediationCapHit",
+        expr=f"sum by ({c}, instance, reason) (\n  {new_or_increased(capped, w)}\n)",
+        severity="critical",
+        component="remediation",
+        summary=f"The remediator on {_l('instance')} stopped acting: {_l('reason')}.",
+        description=(
+            f"The remediator at {_l('instance')} (cluster {_l(c)}) refused {_V} actions in the last {w} "
+            f"because of its {_l('reason')} rail: more nodes failing at once than the policy allows, or "
+            f"an alert rule firing everywhere. Nothing more is drained automatically; look before resuming."
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=(
+                (_series(M.REFUSALS, _with(labels, action="drain", reason="drain_cap")), "0+0x10 3+0x20"),
+                (_series(M.REFUSALS, _with(labels, action="drain", reason="missing_labels")), "0+1x30"),
+                (_series(M.REFUSALS, _with(labels, action="requeue", reason="rate_limit")), "0+0x30"),
+            ),
+            quiet=(("9m", "only refusals for missing labels"), ("28m", f"the refusals left the {w} window")),
+            fire_at="12m",
+            fire_labels=({"cluster": "c1", "instance": "mon1:9097", "reason": "drain_cap"},),
+            fire_text=(
+                (
+                    "The remediator on mon1:9097 stopped acting: drain_cap.",
+                    "The remediator at mon1:9097 (cluster c1) refused 3 actions in the last 15m because of "
+                    "its drain_cap rail: more nodes failing at once than the policy allows, or an alert rule "
+                    "firing everywhere. Nothing more is drained automatically; look before resuming.",
+                ),
+            ),
+        ),
+    )
+    return [failing, cap_hit]
+
+
 _GROUPS: tuple[tuple[str, Callable[[GenerateConfig, Records], list[Alert]]], ...] = (
     ("babysitter-training.alerts", _training),
     ("babysitter-checkpoint.alerts", _checkpoint),
     ("babysitter-node.alerts", _node),
+    ("babysitter-trainers.alerts", _trainer_fetches),
     ("babysitter-gpu.alerts", _gpu_alerts),
+    ("babysitter-remediation.alerts", _remediation),
 )
 
 

@@ -140,6 +140,11 @@ class GenerateConfig:
     storage_failing_for: str = "5m"
     #: How long a collector may fail before warning (one bad scrape is noise).
     collector_failing_for: str = "10m"
+    #: A host warns when its agent's fetches of a trainer endpoint, or the registrations it refuses, grew
+    #: in every such window for ``trainer_failing_for``: one failed fetch or one bad file (counted and
+    #: logged once) is noise; a failure that keeps coming back is not.
+    trainer_failing_window: str = "10m"
+    trainer_failing_for: str = "15m"
 
     # --- GPU health -------------------------------------------------------------------------------
     #: Xid window: any new Xid in it fires; also how long an Xid alert stays up after the last one.
@@ -173,6 +178,10 @@ class GenerateConfig:
     throttle_window: str = "10m"
     #: How long throttling must be sustained before warning.
     throttle_for: str = "15m"
+
+    # --- remediation (babysitter remediate) ---------------------------------------------------------
+    #: Window in which a failed remediation action, or a refusal by the drain cap or rate limit, pages.
+    remediation_window: str = "15m"
 
     # --- loss -------------------------------------------------------------------------------------
     #: Window in which a non-finite loss fires.
@@ -241,6 +250,8 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         storage_probe_for="10s",
         storage_failing_for="5s",
         collector_failing_for="10s",
+        trainer_failing_window="30s",
+        trainer_failing_for="30s",
         xid_window="1m",
         gpu_down_for="5s",
         ecc_window="1m",
@@ -248,6 +259,7 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         throttle_window="30s",
         throttle_for="15s",
         nonfinite_window="1m",
+        remediation_window="1m",
     )
 
 

@@ -24,6 +24,7 @@ _SECTIONS = (
     ("node", "Node agent: GPUs, trainers and collectors", _AGENT),
     ("storage", "Node agent: checkpoint storage", _AGENT),
     ("probe", "Cluster probe (through the node agent)", _AGENT),
+    ("remediate", "Remediation (`babysitter remediate`)", "`instance` (the remediator) and `{cluster}`"),
     ("selfmon", "babysitter itself", "those of the process that exports them"),
 )
 

@@ -2,7 +2,7 @@
 
 Rank 0's tracker writes it (:class:`LedgerWriter`) into the run directory on shared storage; the
 report (``babysitter report``) and the node agent's checkpoint sentinel (:func:`completed_checkpoints`)
-read it.
+read it. The report also reads the notes ``babysitter remediate`` leaves next to it (:func:`read_notes`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from babysitter.ledger.reader import (
     read_ledger,
 )
 from babysitter.ledger.records import SCHEMA_VERSION
-from babysitter.ledger.summary import RunSummary, summarize
+from babysitter.ledger.remediations import RemediationNote, read_notes
+from babysitter.ledger.summary import RestartSummary, RunSummary, summarize
 from babysitter.ledger.timeline import Timeline
 from babysitter.ledger.writer import LedgerWriter
 
@@ -30,9 +31,12 @@ __all__ = [
     "LedgerFile",
     "LedgerLockedError",
     "LedgerWriter",
+    "RemediationNote",
+    "RestartSummary",
     "RunSummary",
     "Timeline",
     "completed_checkpoints",
     "read_ledger",
+    "read_notes",
     "summarize",
 ]

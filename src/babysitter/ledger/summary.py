@@ -1,8 +1,12 @@
-"""A run's goodput summary from its ledger: totals, rolling windows, incarnations (for the report).
+"""A run's goodput summary from its ledger: totals, rolling windows, incarnations, restarts (for the report).
 
 The run's state decides where its wall time ends: ``ended`` (an end record) at that record,
 ``running`` (a live writer holds the lock) at ``now``, ``down`` (killed, not restarted yet) at ``now``
 with the time since its last record counted as downtime.
+
+Each restart gets its cause: the remediation that caused it when ``babysitter remediate`` left a note
+(:mod:`babysitter.ledger.remediations`), with the time to detect (alert start to action) and to
+recover (action to the new incarnation's first step); otherwise how the previous incarnation ended.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from typing import Literal
 from babysitter.ledger.accounting import Accountant, Accounting
 from babysitter.ledger.lock import lock_is_live, read_lock
 from babysitter.ledger.reader import DEFAULT_FILE_NAME, read_timeline
+from babysitter.ledger.remediations import NOTES_FILE, RemediationNote, match_restarts, read_notes
 from babysitter.ledger.timeline import Incarnation, Timeline
 
-__all__ = ["WINDOWS", "IncarnationSummary", "RunSummary", "State", "summarize"]
+__all__ = ["WINDOWS", "IncarnationSummary", "RestartSummary", "RunSummary", "State", "summarize"]
 
 State = Literal["empty", "running", "down", "ended"]
 
@@ -54,6 +59,39 @@ class IncarnationSummary:
         return dict(self.__dict__)
 
 
+#: A restart's cause when no remediation note explains it: how the previous incarnation ended.
+ENDING_CAUSES = {
+    "killed": "process died without an end record",
+    "error": "process exited with an error",
+    "clean": "process ended cleanly",
+}
+
+
+@dataclass(frozen=True)
+class RestartSummary:
+    """One restart: the incarnation that began, why, and how long getting there took."""
+
+    index: int
+    #: How the previous incarnation ended: ``killed``, ``error`` or ``clean``.
+    after: str
+    #: Its last sign of life to this one's process start (the restart's share of ``downtime``).
+    downtime_seconds: float
+    #: ``remediated: drained host n1 after Xid 79, requeued job 12``, or how the previous one ended.
+    cause: str
+    remediation: RemediationNote | None = None
+    #: Alert start to the remediation (None: no remediation, or no alert start).
+    time_to_detect_seconds: float | None = None
+    #: Remediation to this incarnation's first step (None: no remediation, or no step yet).
+    time_to_recover_seconds: float | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready dict."""
+        out = dict(self.__dict__)
+        out["remediated"] = self.remediation is not None
+        out["remediation"] = None if self.remediation is None else self.remediation.to_json()
+        return out
+
+
 @dataclass
 class RunSummary:
     """Everything ``babysitter report`` shows."""
@@ -77,6 +115,12 @@ class RunSummary:
     last_checkpoint_step: int | None = None
     #: Productive step time no completed checkpoint covers yet: lost if the run crashed now.
     at_risk_seconds: float = 0.0
+    restart_list: list[RestartSummary] = field(default_factory=list)
+    #: Every remediation note of the run, oldest first, with the restart it caused (None: none yet).
+    remediations: list[tuple[RemediationNote, int | None]] = field(default_factory=list)
+    #: Note lines skipped, by reason, and why the notes file could not be read (None: it could).
+    notes_skipped: dict[str, int] = field(default_factory=dict)
+    notes_error: str | None = None
     extra: dict[str, object] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
@@ -116,6 +160,9 @@ class RunSummary:
             },
             "partial": self.partial,
             "incarnation_list": [inc.to_json() for inc in self.incarnations],
+            "restart_list": [r.to_json() for r in self.restart_list],
+            "remediations": [{**note.to_json(), "restart": k} for note, k in self.remediations],
+            "remediation_notes": {"skipped": dict(self.notes_skipped), "error": self.notes_error},
         }
 
 
@@ -152,6 +199,36 @@ def _incarnation(inc: Incarnation, stop: int, last: bool, state: State) -> Incar
     )
 
 
+def _restarts(
+    incs: list[Incarnation], rows: list[IncarnationSummary], notes: list[RemediationNote]
+) -> tuple[list[RestartSummary], list[tuple[RemediationNote, int | None]]]:
+    """Each restart with its cause, and each note with the restart it caused."""
+    caused = match_restarts(notes, [(inc.begin / US, inc.last_t / US) for inc in incs])
+    out = []
+    for k in range(1, len(incs)):
+        prev, inc = incs[k - 1], incs[k]
+        stop = max(prev.begin, min(prev.last_t, inc.begin))
+        after = rows[k - 1].ending
+        note = caused.get(k)
+        detect = recover = None
+        if note is not None:
+            detect = note.time_to_detect
+            recover = inc.ends[0] / US - note.t if inc.n else None
+        out.append(
+            RestartSummary(
+                index=inc.index,
+                after=after,
+                downtime_seconds=max(0, inc.begin - stop) / US,
+                cause=note.cause if note is not None else ENDING_CAUSES.get(after, after),
+                remediation=note,
+                time_to_detect_seconds=detect,
+                time_to_recover_seconds=recover,
+            )
+        )
+    which = {id(note): k for k, note in caused.items()}
+    return out, [(note, which.get(id(note))) for note in notes]
+
+
 def summarize(
     run_dir: Path,
     *,
@@ -159,9 +236,11 @@ def summarize(
     now: float | None = None,
     stale_after: float = 60.0,
     keep_points: bool = True,
+    notes_file: str = NOTES_FILE,
 ) -> RunSummary:
     """Read the run's ledger and account for it (``keep_points``: keep per-line step time and MFU for
-    plots). Raises OSError when the ledger cannot be read."""
+    plots), with the remediation notes next to it. Raises OSError when the ledger cannot be read
+    (never because of the notes)."""
     path = Path(run_dir) / file_name
     timeline, ledger = read_timeline(path, keep_points=keep_points)
     now = time.time() if now is None else now
@@ -193,6 +272,8 @@ def summarize(
     saves = [c for inc in incs for c in inc.checkpoints if c.op == "save"]
     ok = [c for c in saves if c.ok]
     run = incs[0].start.run if incs else Path(run_dir).name
+    notes = read_notes(Path(run_dir), run=run if incs else None, file_name=notes_file)
+    restarts, remediations = _restarts(incs, rows, notes.notes)
     return RunSummary(
         run=run,
         ledger=str(path),
@@ -211,4 +292,8 @@ def summarize(
         checkpoints_failed=sum(1 for c in saves if c.ok is False),
         last_checkpoint_step=ok[-1].step if ok else None,
         at_risk_seconds=at_risk,
+        restart_list=restarts,
+        remediations=remediations,
+        notes_skipped=notes.skipped,
+        notes_error=notes.error,
     )

@@ -22,12 +22,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from babysitter import __version__
 from babysitter.catalog import node as N
 from babysitter.catalog import selfmon as S
+from babysitter.export.server import MetricsServer, tls_context
 from babysitter.node.collector import Collector
 
 __all__ = ["Agent", "Server", "merge_families"]
@@ -214,13 +215,12 @@ def _log_once(key: tuple[str, str], msg: str, *args: Any) -> None:
 
 @dataclass
 class Server:
-    """The agent's HTTP endpoint (prometheus_client's threaded server)."""
+    """The agent's HTTP endpoint: bounded connections, threads and deadlines (see MetricsServer)."""
 
     host: str
     port: int
     tls: bool
-    _server: Any
-    _thread: threading.Thread
+    _server: MetricsServer
 
     @property
     def url(self) -> str:
@@ -247,15 +247,13 @@ class Server:
         keyfile: str | None = None,
     ) -> Server:
         """Bind ``host:port`` (port 0: ephemeral) and serve; OSError when the address is unusable."""
-        kwargs: dict[str, Any] = {}
-        if certfile is not None:
-            kwargs = {"certfile": certfile, "keyfile": keyfile}
-        server, thread = start_http_server(port, addr=host, registry=agent.registry(), **kwargs)
-        return cls(host, int(server.server_port), certfile is not None, server, thread)
+        context = tls_context(certfile, keyfile or certfile) if certfile is not None else None
+        server = MetricsServer(
+            agent.registry(), host, port, ssl_context=context, workers=4, max_connections=128
+        ).start()
+        return cls(host, server.port, certfile is not None, server)
 
     def stop(self) -> None:
         """Stop serving and release the port."""
         with contextlib.suppress(Exception):
-            self._server.shutdown()
-        with contextlib.suppress(Exception):
-            self._server.server_close()
+            self._server.close()

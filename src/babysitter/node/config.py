@@ -3,9 +3,10 @@
 Precedence: a flag given on the command line, then ``BABYSITTER_NODE_<NAME>`` in the environment,
 then the config file (``--config``: JSON, or TOML on Python 3.11+), then the default. Names are the
 long flag names: ``--listen-address`` is ``BABYSITTER_NODE_LISTEN_ADDRESS`` and ``listen_address``
-(or ``listen-address``) in the file. Lists (paths) are separated by ``os.pathsep`` in the environment
-and are arrays in the file. Collectors are switched with ``--collector.NAME`` / ``--no-collector.NAME``,
-``BABYSITTER_NODE_COLLECTOR_<NAME>=1|0`` or a ``collectors`` table in the file.
+(or ``listen-address``) in the file. Lists are arrays in the file; in the environment, paths are
+separated by ``os.pathsep`` and networks by commas. Collectors are switched with
+``--collector.NAME`` / ``--no-collector.NAME``, ``BABYSITTER_NODE_COLLECTOR_<NAME>=1|0`` or a
+``collectors`` table in the file.
 
 Every mistake (an unknown key, a bad address, a TLS key without a certificate, a storage collector
 without paths) is a :class:`ConfigError` at start, never a surprise at the first scrape.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import ipaddress
 import json
 import os
 from collections.abc import Mapping
@@ -78,6 +80,7 @@ class AgentConfig:
     registry_dir: Path = field(default_factory=registration.default_dir)
     trainer_timeout: float = 2.0
     trainer_ca_file: Path | None = None
+    trainer_networks: list[str] = field(default_factory=list)
     kmsg_path: str = "/dev/kmsg"
     xid_state_file: Path | None = None
     storage_path: list[Path] = field(default_factory=list)
@@ -133,6 +136,8 @@ _HELP: dict[str, str] = {
     "registry_dir": "trainer registration directory (default $BABYSITTER_REGISTRY_DIR or /tmp/babysitter)",
     "trainer_timeout": "seconds to wait for one trainer endpoint (default 2)",
     "trainer_ca_file": "CA bundle to verify HTTPS trainer endpoints",
+    "trainer_networks": "network (CIDR, repeatable) trainer endpoints may be in besides loopback, e.g. a pod "
+    "network; registrations pointing anywhere else are refused",
     "kmsg_path": "kernel log to read Xid lines from: /dev/kmsg (default), a file, or '' for none",
     "xid_state_file": "keep Xid counts here across agent restarts (exact even when the ring buffer wrapped)",
     "storage_path": "checkpoint directory to probe (repeatable)",
@@ -160,6 +165,7 @@ _METAVAR = {
     "simulate_kernel_log": "FILE",
     "registry_dir": "DIR",
     "trainer_ca_file": "FILE",
+    "trainer_networks": "CIDR",
     "kmsg_path": "PATH",
     "xid_state_file": "FILE",
     "storage_path": "DIR",
@@ -174,6 +180,8 @@ _METAVAR = {
 def _kind(name: str) -> str:
     default = {f.name: f for f in fields(AgentConfig)}[name]
     annotation = str(default.type)
+    if annotation == "list[str]":
+        return "strs"
     if annotation.startswith("list["):
         return "paths"
     if "Path" in annotation:
@@ -201,9 +209,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar = _METAVAR.get(name, "SECONDS" if kind == "float" else None)
         if kind == "bool":
             parser.add_argument(flag, dest=name, action="store_true", default=None, help=_HELP[name])
-        elif kind == "paths":
+        elif kind in ("paths", "strs"):
             parser.add_argument(
-                flag, dest=name, action="append", type=Path, default=None, metavar=metavar, help=_HELP[name]
+                flag,
+                dest=name,
+                action="append",
+                type=Path if kind == "paths" else str,
+                default=None,
+                metavar=metavar,
+                help=_HELP[name],
             )
         else:
             parser.add_argument(flag, dest=name, default=None, metavar=metavar, help=_HELP[name])
@@ -225,6 +239,12 @@ def _convert(name: str, value: Any, source: str) -> Any:
     try:
         if kind == "bool":
             return _bool(value)
+        if kind == "strs":
+            if isinstance(value, str):  # the environment: comma-separated (IPv6 has colons)
+                return [v.strip() for v in value.split(",") if v.strip()]
+            if isinstance(value, list):
+                return [str(v) for v in value]
+            raise TypeError("expected a list of strings")
         if kind == "paths":
             if isinstance(value, str):
                 return [Path(p) for p in value.split(os.pathsep) if p]
@@ -356,6 +376,11 @@ def _validate(c: AgentConfig) -> None:
     for path in (c.tls_cert_file, c.tls_key_file, c.trainer_ca_file):
         if path is not None and not os.access(path, os.R_OK):
             raise ConfigError(f"{path}: not readable")
+    for network in c.trainer_networks:
+        try:
+            ipaddress.ip_network(network, strict=False)
+        except ValueError as exc:
+            raise ConfigError(f"trainer network {network!r}: {exc}") from None
     if c.gpu_backend not in GPU_BACKENDS:
         raise ConfigError(f"gpu backend {c.gpu_backend!r}: one of {', '.join(GPU_BACKENDS)}")
     if c.simulate < 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import ipaddress
 import logging
 import os
 import tempfile
@@ -132,8 +133,11 @@ def build(config: AgentConfig) -> Running:
                 collectors.append(probe)
         if config.enabled("trainers"):
             ca = str(config.trainer_ca_file) if config.trainer_ca_file else None
+            networks = [ipaddress.ip_network(n, strict=False) for n in config.trainer_networks]
             collectors.append(
-                TrainersCollector(config.registry_dir, timeout=config.trainer_timeout, ca_file=ca)
+                TrainersCollector(
+                    config.registry_dir, timeout=config.trainer_timeout, ca_file=ca, networks=networks
+                )
             )
     except BaseException:
         for collector in collectors:

@@ -206,6 +206,27 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             description="Training processes the agent serves; success 0 means a registered trainer does not "
             "answer (stopped or hung).",
         ),
+        Panel(
+            "Trainer fetch errors and refused registrations",
+            (
+                # A reason's series appears with its first failure: count that one too.
+                Target(
+                    f"sum by (instance, reason) ({new_or_increased(select(N.TRAINER_SCRAPE_ERRORS, h), ri)})",
+                    "{{instance}} fetch {{reason}}",
+                ),
+                Target(
+                    f"sum by (instance, reason) "
+                    f"({new_or_increased(select(N.TRAINER_REGISTRATIONS_SKIPPED, h), ri)})",
+                    "{{instance}} registration {{reason}}",
+                ),
+            ),
+            bars=True,
+            min=0,
+            width=8,
+            description="Failed fetches of registered trainer endpoints and registration files the agent "
+            "refused, by reason (docs/security.md); a failure that keeps coming back warns as "
+            "NodeTrainerFetchFailing or NodeTrainerRegistrationSkipped.",
+        ),
         Panel("GPU up", (Target(select(N.GPU_UP, g), gpu),), min=0, max=1, width=8),
         Panel(
             "Collector success",

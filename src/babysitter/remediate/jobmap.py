@@ -1,0 +1,80 @@
+"""Which jobs and runs an alert is about: the node agent's job map and the tracker's series in Prometheus.
+
+The node agent exports ``gpu_job_info{instance, gpu, uuid, ..., hpc_job}`` from the per-GPU job files a
+Slurm prolog writes, and every training rank's series carry the ``instance`` of the agent that serves
+them. So, through Prometheus: host -> jobs (optionally only those on the alert's GPU), host -> runs,
+and run -> hosts. A host whose agent is down is looked up over the ``lookback`` window instead of now.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+
+from babysitter.catalog import node as N
+from babysitter.catalog import train as T
+from babysitter.generate.promql import eq, select
+from babysitter.remediate.backends.base import BackendError
+
+__all__ = ["PrometheusJobMap"]
+
+_MAX_RESPONSE = 4 * 1024 * 1024
+
+
+class PrometheusJobMap:
+    """Queries one Prometheus (``url``) with a per-request ``timeout``."""
+
+    def __init__(self, url: str, *, lookback: float, timeout: float) -> None:
+        self.url = url.rstrip("/")
+        self.lookback = f"{max(1, int(lookback))}s"
+        self.timeout = timeout
+
+    def _query(self, expr: str) -> list[dict[str, object]]:
+        query = urllib.parse.urlencode({"query": expr})
+        url = f"{self.url}/api/v1/query?{query}"
+        request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310
+        try:
+            # The policy checked that the URL is http(s).
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
+                body = json.loads(response.read(_MAX_RESPONSE + 1)[:_MAX_RESPONSE])
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"Prometheus query failed ({self.url}): {exc}") from None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            raise BackendError(f"Prometheus query {expr!r} failed: {str(body)[:300]}")
+        result = body.get("data", {}).get("result", [])
+        return [item for item in result if isinstance(item, dict)]
+
+    def _values(self, expr: str, label: str) -> list[str]:
+        """``label`` of each series of ``expr`` now, else over the lookback window."""
+        for form in (expr, f"last_over_time({expr}[{self.lookback}])"):
+            found: list[str] = []
+            for item in self._query(f"count by ({label}) ({form})"):
+                metric = item.get("metric")
+                value = metric.get(label) if isinstance(metric, dict) else None
+                if isinstance(value, str) and value and value not in found:
+                    found.append(value)
+            if found:
+                return sorted(found)
+        return []
+
+    def jobs_on(self, instance: str, labels: Mapping[str, str] | None = None) -> list[str]:
+        """Job ids the agent at ``instance`` maps to its GPUs (only the alert's GPU when it names one)."""
+        matchers = [eq("instance", instance)]
+        for key in ("uuid", "gpu"):
+            if labels and labels.get(key):
+                matchers.append(eq(key, labels[key]))
+                break
+        return self._values(select(N.GPU_JOB, *matchers), "hpc_job")
+
+    def runs_on(self, instance: str) -> list[str]:
+        """Runs whose ranks report through the agent at ``instance``."""
+        return self._values(select(T.STEPS, eq("instance", instance)), "run")
+
+    def instances_of(self, run: str, cluster: tuple[str, str] | None = None) -> list[str]:
+        """Agent instances (hosts) the run's ranks report through."""
+        matchers = [eq("run", run)]
+        if cluster is not None:
+            matchers.append(eq(*cluster))
+        return self._values(select(T.STEPS, *matchers), "instance")
