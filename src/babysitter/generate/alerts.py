@@ -77,6 +77,7 @@ def _l(name: str) -> str:
 
 
 _V = "{{ $value | humanize }}"
+_STEP = '{{ $value | printf "%.0f" }}'
 _VD = "{{ $value | humanizeDuration }}"
 _VP = "{{ $value | humanizePercentage }}"
 
@@ -563,33 +564,41 @@ def _checkpoint(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
-    missing_key = (c, "run", "step")
+    missing_key = (c, "run")
     missing = Alert(
         name="CheckpointMissing",
-        expr=f"max {by(missing_key)} ({select(S.CHECKPOINT_MISSING, ns)}) > 0",
+        # The value is the newest missing step (the sentinel counts missing checkpoints per run and
+        # names the newest, instead of a series per step).
+        expr=(
+            f"max {by(missing_key)} ({select(S.CHECKPOINT_MISSING_STEP, ns)})\n"
+            f"and on ({', '.join(missing_key)})\n"
+            f"max {by(missing_key)} ({select(S.CHECKPOINT_MISSING, ns)}) > 0"
+        ),
         severity="critical",
         component="checkpoint",
-        summary=f"Checkpoint of step {_l('step')} of run {_l('run')} is missing.",
+        summary=f"Checkpoint of step {_STEP} of run {_l('run')} is missing.",
         description=(
             f"The ledger of run {_l('run')} on cluster {_l(c)} records a completed checkpoint of step "
-            f"{_l('step')}, but the sentinel finds it missing or of the wrong size. A restart from it "
-            f"would fail; the last good checkpoint is older."
+            f"{_STEP}, but the sentinel finds it missing or of the wrong size (and maybe older ones: see "
+            f"{S.CHECKPOINT_MISSING.name}). A restart from it would fail; the last good checkpoint is older."
         ),
         for_=cfg.checkpoint_missing_for,
         test=AlertTest(
             series=(
-                (_series(S.CHECKPOINT_MISSING, _with(_GPU, run="r1", step="4000")), "0+0x5 1+0x20"),
-                (_series(S.CHECKPOINT_MISSING, _with(_GPU, run="r1", step="3000")), "0+0x25"),
+                (_series(S.CHECKPOINT_MISSING, _with(_node_labels(), run="r1")), "0+0x5 1+0x20"),
+                (_series(S.CHECKPOINT_MISSING_STEP, _with(_node_labels(), run="r1")), "_x5 4000+0x20"),
+                (_series(S.CHECKPOINT_MISSING, _with(_node_labels(), run="r2")), "0+0x25"),
             ),
             quiet=(("5m", "present"), ("7m", "before for:")),
             fire_at="10m",
-            fire_labels=({"cluster": "c1", "run": "r1", "step": "4000"},),
+            fire_labels=({"cluster": "c1", "run": "r1"},),
             fire_text=(
                 (
                     "Checkpoint of step 4000 of run r1 is missing.",
                     "The ledger of run r1 on cluster c1 records a completed checkpoint of step 4000, but the "
-                    "sentinel finds it missing or of the wrong size. A restart from it would fail; the last "
-                    "good checkpoint is older.",
+                    "sentinel finds it missing or of the wrong size (and maybe older ones: see "
+                    f"{S.CHECKPOINT_MISSING.name}). A restart from it would fail; the last good checkpoint "
+                    "is older.",
                 ),
             ),
         ),
@@ -776,7 +785,52 @@ def _node(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
-    return [storage_slow, storage_failing, collector_failing, xid_blind, agent_down]
+    rk = cfg.rack_label
+    rack_key = by((c, rk))
+    node_up = f"up{{{cfg.node_up_selector}}}"
+    rack_labels = {"cluster": "c1", rk: "r07", "instance": "n1:9400", "job": "babysitter-node"}
+    rack_silent = Alert(
+        name="RackMetricsMissing",
+        # Remote write sends no staleness marker when the sender dies: the rack's series just stop,
+        # so no target-down alert can fire for it. Its hosts' ``up`` series, remembered over the
+        # lookback, tell the rack that went silent.
+        expr=(
+            f"group {rack_key} (max_over_time({node_up}[{cfg.rack_lookback_window}]))\nunless\n"
+            f"group {rack_key} (max_over_time({node_up}[{cfg.rack_silent_window}]))"
+        ),
+        severity="critical",
+        component="node",
+        summary=f"No metrics arrive from rack {_l(rk)}.",
+        description=(
+            f"No series of rack {_l(rk)} (cluster {_l(c)}) reached this Prometheus for "
+            f"{cfg.rack_silent_window}: the rack's agent Prometheus died, cannot reach the central tier, "
+            f"or the whole rack is down. Every alert about its hosts and ranks is blind meanwhile."
+        ),
+        for_=cfg.rack_silent_for,
+        test=AlertTest(
+            series=(
+                (_up_series(rack_labels), "1+0x10"),
+                (_up_series(_with(rack_labels, instance="n2:9400")), "1+0x10"),
+                (_up_series(_with(rack_labels, **{rk: "r08"})), "1+0x30"),
+            ),
+            quiet=(
+                ("10m", "metrics arrive"),
+                ("13m", "silent for less than the window"),
+                ("14m", "before for:"),
+            ),
+            fire_at="16m",
+            fire_labels=({"cluster": "c1", rk: "r07"},),
+            fire_text=(
+                (
+                    "No metrics arrive from rack r07.",
+                    "No series of rack r07 (cluster c1) reached this Prometheus for 3m: the rack's agent "
+                    "Prometheus died, cannot reach the central tier, or the whole rack is down. Every alert "
+                    "about its hosts and ranks is blind meanwhile.",
+                ),
+            ),
+        ),
+    )
+    return [storage_slow, storage_failing, collector_failing, xid_blind, agent_down, rack_silent]
 
 
 def _trainer_fetches(cfg: GenerateConfig, r: Records) -> list[Alert]:
