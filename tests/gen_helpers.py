@@ -140,12 +140,15 @@ def dashboard_exprs(model: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def known_series_names() -> set[str]:
-    """Every series name the catalog and the recording rules define (histograms with their suffixes)."""
+    """Every series name the catalog and the recording rules define (histograms and summaries with
+    their suffixes)."""
     names = {"up"}
     for spec in ALL:
         names.add(spec.name)
         if spec.kind == "histogram":
             names.update(f"{spec.name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
+        if spec.kind == "summary":
+            names.update(f"{spec.name}{suffix}" for suffix in ("_sum", "_count"))
     from babysitter.generate.config import GenerateConfig
 
     names.update(record for record, _ in recording_rules(GenerateConfig()))

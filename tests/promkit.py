@@ -62,6 +62,11 @@ class PrometheusServer:
         alertmanager: str | None = None,
         scheme: str = "http",
         extra_scrape_configs: Sequence[dict[str, Any]] = (),
+        agent: bool = False,
+        remote_write: Sequence[dict[str, Any]] = (),
+        external_labels: dict[str, str] | None = None,
+        receiver: bool = False,
+        extra_flags: Sequence[str] = (),
     ) -> None:
         require_binary(PROMETHEUS, "prometheus")
         self.workdir = workdir
@@ -78,6 +83,16 @@ class PrometheusServer:
             config["rule_files"] = [str(p) for p in rule_files]
         if alertmanager:
             config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+        if remote_write:
+            config["remote_write"] = list(remote_write)
+        if external_labels:
+            config["global"]["external_labels"] = dict(external_labels)
+        if agent:  # agent mode has no rules, alerting or evaluation interval
+            for key in ("rule_files", "alerting"):
+                config.pop(key, None)
+            config["global"].pop("evaluation_interval")
+        self.agent = agent
+        self._flags = [*(["--web.enable-remote-write-receiver"] if receiver else []), *extra_flags]
         self.config_path = workdir / "prometheus.yml"
         # JSON is valid YAML: no YAML library needed to write the config.
         self.config_path.write_text(json.dumps(config, indent=2))
@@ -88,14 +103,20 @@ class PrometheusServer:
         data = self.workdir / "prom-data"
         data.mkdir(exist_ok=True)
         log = self._log.open("wb")
+        storage = (
+            ["--enable-feature=agent", f"--storage.agent.path={data}"]
+            if self.agent
+            else [f"--storage.tsdb.path={data}"]
+        )
         self._proc = subprocess.Popen(
             [
                 PROMETHEUS,
                 f"--config.file={self.config_path}",
-                f"--storage.tsdb.path={data}",
+                *storage,
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--web.enable-lifecycle",
                 "--log.level=warn",
+                *self._flags,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -121,6 +142,12 @@ class PrometheusServer:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait(timeout=5)
+
+    def kill(self) -> None:
+        """SIGKILL: what a crashed or evicted Prometheus looks like (no shutdown, no last push)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
 
     def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
         """Instant query; the result vector (raises on a PromQL error)."""

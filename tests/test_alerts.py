@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from babysitter.generate import GenerateConfig, fast, render, write
+from babysitter.generate import GenerateConfig, fast
 from babysitter.generate.alerts import alerts
+from babysitter.generate.writer import render, write
 from gen_helpers import REPO, known_series_names, promtool, referenced_names, require_promtool
 
 CFG = GenerateConfig()

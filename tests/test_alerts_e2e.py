@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from babysitter.catalog import train as T
-from babysitter.generate import fast, render, write
+from babysitter.generate import fast
+from babysitter.generate.writer import render, write
 from gen_helpers import REPO, AlertmanagerServer, LiveStack, WebhookReceiver
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
@@ -62,8 +63,9 @@ def test_stalled_xid79_and_missing_checkpoint_page(tmp_path: Path) -> None:
         newest = stack.newest_checkpoint()
         step = newest.name.split("-")[1]
         newest.unlink()
-        missing = _wait_for_page(hook, "CheckpointMissing", 45, run="live", step=step)
+        missing = _wait_for_page(hook, "CheckpointMissing", 45, run="live")
         assert missing["annotations"]["runbook_url"] == cfg.runbook_url("CheckpointMissing")
+        assert f"step {step} " in missing["annotations"]["summary"], missing["annotations"]
 
         # 2. Xid 79 on GPU 1 (the simulator then loses the GPU).
         xid = _wait_for_page(hook, "GpuXidCritical", XID79_AT + 45, xid="79", gpu="1", action="reboot")

@@ -137,9 +137,10 @@ def test_prometheus_scrapes_agent_and_faults_are_visible(tmp_path: Path) -> None
             prom.wait_for(f'{N.GPU_XID_ERRORS.name}{{gpu="1",xid="79"}} == 1', timeout=15)
 
             if sentinel:  # a checkpoint the ledger lists disappears
-                prom.wait_for(f'{ST.CHECKPOINT_MISSING.name}{{run="node-itest",step="1"}} == 0', timeout=15)
+                prom.wait_for(f'{ST.CHECKPOINT_MISSING.name}{{run="node-itest"}} == 0', timeout=15)
                 (run_dir / "ckpt-1.pt").unlink()
-                prom.wait_for(f'{ST.CHECKPOINT_MISSING.name}{{run="node-itest",step="1"}} == 1', timeout=15)
+                prom.wait_for(f'{ST.CHECKPOINT_MISSING.name}{{run="node-itest"}} == 1', timeout=15)
+                assert prom.query_value(f'{ST.CHECKPOINT_MISSING_STEP.name}{{run="node-itest"}}') == 1
 
             # Fault 2: the tracker dies without unregistering.
             tracker.send_signal(signal.SIGKILL)

@@ -64,9 +64,12 @@ class TestValues:
     def test_clock_event_reasons_are_labelled_zero_one_series(
         self, lib: FakeNvml, gpus: GpuCollector
     ) -> None:
-        """Each reason bit becomes its own 0/1 series."""
+        """Each throttling reason bit becomes its own 0/1 series; idle, app clocks, sync boost and
+        display clock are not exported (the series budget)."""
         lib.gpu(0).clock_event_reasons = (
-            F.nvmlClocksEventReasonSwPowerCap | F.nvmlClocksEventReasonHwThermalSlowdown
+            F.nvmlClocksEventReasonSwPowerCap
+            | F.nvmlClocksEventReasonHwThermalSlowdown
+            | F.nvmlClocksEventReasonGpuIdle
         )
         s = scrape(gpus)
         active = {
@@ -75,7 +78,14 @@ class TestValues:
             if name == N.GPU_CLOCK_EVENT_ACTIVE.name and s.value(name, gpu="0", reason=lbl["reason"]) == 1.0
         }
         assert active == {"sw_power_cap", "hw_thermal_slowdown"}
-        assert len(s.find(N.GPU_CLOCK_EVENT_ACTIVE.name, gpu="0")) == 9
+        exported = {lbl["reason"] for name, lbl in s.series(gpu="0") if name == N.GPU_CLOCK_EVENT_ACTIVE.name}
+        assert exported == {
+            "sw_power_cap",
+            "hw_slowdown",
+            "sw_thermal_slowdown",
+            "hw_thermal_slowdown",
+            "hw_power_brake_slowdown",
+        }
 
     def test_ecc_remap_retired_pcie_counters(self, lib: FakeNvml, gpus: GpuCollector) -> None:
         """ECC by type and scope, remapped rows by state, retired pages by cause, PCIe replays."""

@@ -17,7 +17,7 @@ import pytest
 
 from babysitter.catalog import node as N
 from babysitter.node.collector import normalize_pci_bus_id
-from babysitter.node.gpu.collector import CLOCK_EVENT_REASONS, GpuCollector
+from babysitter.node.gpu.collector import EXPORTED_CLOCK_EVENT_REASONS, GpuCollector
 from babysitter.node.gpu.nvml import NvmlUnavailable, load_pynvml
 from gpu_helpers import SmiGpu, parse_smi_xml, record, requires_gpu
 from node_helpers import Scrape, scrape
@@ -126,7 +126,7 @@ def test_every_collector_reading_agrees_with_nvidia_smi_xml(collector: Any) -> N
         mclk = r["mem_clock_mhz"]
         b.check("memory clock", N.GPU_MEMORY_CLOCK.name, mclk, 0.05 * (mclk or 0) * 1e6, scale=1e6)
         b.check("utilization", N.GPU_UTILIZATION.name, r["util_ratio"], 0.15)
-        for label, _ in CLOCK_EVENT_REASONS:
+        for label, _ in EXPORTED_CLOCK_EVENT_REASONS:
             b.check(
                 f"clock event {label}",
                 N.GPU_CLOCK_EVENT_ACTIVE.name,

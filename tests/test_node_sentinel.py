@@ -16,9 +16,10 @@ from babysitter.ledger import DEFAULT_FILE_NAME, CheckpointRecord, completed_che
 from babysitter.ledger.records import CheckpointEnd, Start, encode, to_us
 from babysitter.ledger.writer import LedgerWriter
 from babysitter.node.storage.sentinel import CheckpointSentinelCollector, LedgerTail, directory_size
-from node_helpers import scrape
+from node_helpers import Scrape, scrape
 
 MISSING = S.CHECKPOINT_MISSING.name
+NEWEST_MISSING = S.CHECKPOINT_MISSING_STEP.name
 AGE = S.CHECKPOINT_NEWEST_VERIFIED_AGE.name
 LEDGER_UP = S.CHECKPOINT_LEDGER_UP.name
 T0 = 1_780_000_000.0
@@ -42,6 +43,18 @@ def file_checkpoint(run_dir: Path, step: int, size: int) -> tuple[int, float, in
     path = run_dir / f"step-{step}.pt"
     path.write_bytes(b"\x01" * size)
     return (step, T0 + step, size, str(path))
+
+
+def missing(s: Scrape, run: str | None = None) -> tuple[float, float | None]:
+    """(how many checked checkpoints are missing, the newest missing step or None) of one run."""
+    labels = {"run": run} if run is not None else {}
+    newest = s.find(NEWEST_MISSING, **labels)
+    return s.value(MISSING, **labels), (newest[0] if newest else None)
+
+
+def checked(c: CheckpointSentinelCollector) -> dict[int, bool | None]:
+    """Step -> missing verdict of every checkpoint of the first run the sentinel looked at."""
+    return {check.step: check.missing for check in c.check_now()[0].checks}
 
 
 @pytest.fixture(name="make")
@@ -72,12 +85,24 @@ class TestFiles:
     def test_last_k_verified_and_age_of_newest(self, run_dir: Path, make) -> None:
         saves = [file_checkpoint(run_dir, step, 1000 + step) for step in (100, 200, 300, 400)]
         write_ledger(run_dir, "llama-7b", saves)
-        s = scrape(make([run_dir], keep_last=3))
-        missing = {x.labels["step"]: x.value for x in s.samples if x.name == MISSING}
-        assert missing == {"200": 0.0, "300": 0.0, "400": 0.0}  # not 100 (older than the last 3), not
-        # 999 (a failed save is not a checkpoint)
+        c = make([run_dir], keep_last=3)
+        s = scrape(c)
+        assert missing(s, "llama-7b") == (0, None)
+        # Not 100 (older than the last 3), not 999 (a failed save is not a checkpoint).
+        assert checked(c) == {200: False, 300: False, 400: False}
         assert s.value(AGE, run="llama-7b") == NOW - (T0 + 400)
         assert s.value(LEDGER_UP, run="llama-7b") == 1
+
+    def test_two_series_per_run_whatever_keep_last(self, run_dir: Path, make) -> None:
+        """Ten checkpoints checked, three gone: one count (3) and one newest missing step, not a series
+        per step (the host's series budget)."""
+        saves = [file_checkpoint(run_dir, step, 8) for step in range(10, 110, 10)]
+        write_ledger(run_dir, "r", saves)
+        for step in (30, 70, 50):
+            (run_dir / f"step-{step}.pt").unlink()
+        s = scrape(make([run_dir], keep_last=10))
+        assert len(s.find(MISSING)) == 1 and len(s.find(NEWEST_MISSING)) == 1
+        assert missing(s, "r") == (3, 70)
 
     def test_deleted_checkpoint_flagged_at_the_next_scrape_once_logged(
         self, run_dir: Path, make, caplog
@@ -85,13 +110,12 @@ class TestFiles:
         saves = [file_checkpoint(run_dir, step, 4096) for step in (100, 200, 300)]
         write_ledger(run_dir, "llama-7b", saves)
         c = make([run_dir])
-        assert scrape(c).value(MISSING, step="200") == 0
+        assert missing(scrape(c)) == (0, None)
         (run_dir / "step-200.pt").unlink()
         with caplog.at_level(logging.INFO, logger="babysitter.node.storage.sentinel"):
             for _ in range(3):
                 s = scrape(c)
-        assert s.value(MISSING, run="llama-7b", step="200") == 1
-        assert s.value(MISSING, step="300") == 0
+        assert missing(s, "llama-7b") == (1, 200)
         assert s.value(AGE, run="llama-7b") == NOW - (T0 + 300)
         lines = [r.getMessage() for r in caplog.records]
         assert len(lines) == 1, lines
@@ -103,7 +127,7 @@ class TestFiles:
         write_ledger(run_dir, "r", saves)
         (run_dir / "step-300.pt").unlink()
         s = scrape(make([run_dir]))
-        assert s.value(MISSING, step="300") == 1
+        assert missing(s) == (1, 300)
         assert s.value(AGE, run="r") == NOW - (T0 + 200)
 
     def test_truncated_is_missing_grown_is_fine(self, run_dir: Path, make) -> None:
@@ -111,9 +135,9 @@ class TestFiles:
         write_ledger(run_dir, "r", saves)
         (run_dir / "step-1.pt").write_bytes(b"\x01" * 999)
         (run_dir / "step-2.pt").write_bytes(b"\x01" * 1001)
-        s = scrape(make([run_dir]))
-        assert s.value(MISSING, step="1") == 1
-        assert s.value(MISSING, step="2") == 0
+        c = make([run_dir])
+        assert missing(scrape(c)) == (1, 1)
+        assert checked(c) == {1: True, 2: False}
 
     def test_relative_paths_unknown_size_urls_and_no_path(self, run_dir: Path, make, caplog) -> None:
         (run_dir / "ckpt").mkdir()
@@ -129,11 +153,10 @@ class TestFiles:
             ],
         )
         with caplog.at_level(logging.WARNING, logger="babysitter.node.storage.sentinel"):
-            s = scrape(make([run_dir], keep_last=4))
-        assert s.value(MISSING, step="1") == 0
-        assert s.value(MISSING, step="2") == 0
-        assert s.find(MISSING, step="3") == []
-        assert s.find(MISSING, step="4") == []
+            c = make([run_dir], keep_last=4)
+            s = scrape(c)
+        assert missing(s) == (0, None)
+        assert checked(c) == {1: False, 2: False, 3: None, 4: None}
         assert s.value(AGE, run="r") == NOW - (T0 + 2)
         messages = " | ".join(r.getMessage() for r in caplog.records)
         assert "a URL" in messages
@@ -146,8 +169,9 @@ class TestFiles:
         new = run_dir / "new.pt"
         new.write_bytes(b"x" * 5)
         write_ledger(run_dir, "r", [(500, T0 + 1, 5, str(old)), (500, T0 + 2, 5, str(new))])
-        s = scrape(make([run_dir]))
-        assert s.find(MISSING, step="500") == [0.0]
+        c = make([run_dir])
+        assert missing(scrape(c)) == (0, None)
+        assert checked(c) == {500: False}
 
 
 class TestDirectories:
@@ -160,13 +184,13 @@ class TestDirectories:
         assert directory_size(ckpt) == 1000
         write_ledger(run_dir, "r", [(1000, T0 + 1000, 1000, str(ckpt))])
         c = make([run_dir], walk_seconds=0.0)
-        assert scrape(c).value(MISSING, step="1000") == 0
+        assert missing(scrape(c)) == (0, None)
         (ckpt / "eval_results.json").write_text("{}")  # added after the save: fine
-        assert scrape(c).value(MISSING, step="1000") == 0
+        assert missing(scrape(c)) == (0, None)
         (ckpt / "shards" / "rank3.distcp").unlink()  # a shard lost
-        assert scrape(c).value(MISSING, step="1000") == 1
+        assert missing(scrape(c)) == (1, 1000)
         shutil.rmtree(ckpt)
-        assert scrape(c).value(MISSING, step="1000") == 1
+        assert missing(scrape(c)) == (1, 1000)
 
     def test_directory_walks_are_cached_but_a_deleted_directory_is_seen_at_once(
         self, run_dir: Path, make
@@ -178,12 +202,12 @@ class TestDirectories:
         write_ledger(run_dir, "r", [(5, T0 + 5, 40, str(ckpt))])
         c = make([run_dir], walk_seconds=3600.0)
         for _ in range(3):
-            assert scrape(c).value(MISSING, step="5") == 0
+            assert missing(scrape(c)) == (0, None)
         assert c.sizes.walks == 1
         (ckpt / "shards" / "rank3.distcp").unlink()  # deep inside: seen at the next walk, not now
-        assert scrape(c).value(MISSING, step="5") == 0
+        assert missing(scrape(c)) == (0, None)
         shutil.rmtree(ckpt)  # the whole checkpoint: seen at once
-        assert scrape(c).value(MISSING, step="5") == 1
+        assert missing(scrape(c)) == (1, 5)
 
 
 class TestLedgerTail:
@@ -230,7 +254,7 @@ class TestLedgers:
             s = scrape(c)
         assert s.value(LEDGER_UP, run="bad") == 0
         assert s.value(LEDGER_UP, run="good-run") == 1
-        assert s.value(MISSING, run="good-run", step="1") == 0
+        assert missing(s, "good-run") == (0, None)
         assert [r.getMessage() for r in caplog.records if "cannot read the ledger" in r.getMessage()] != []
         assert len(caplog.records) == 1
 
@@ -256,8 +280,7 @@ class TestLedgers:
         writer.close(time=T0 + 30, clean=True)
         (run_dir / "step-10.pt").unlink()
         s = scrape(make([run_dir]))
-        assert s.value(MISSING, run="writer-run", step="10") == 1
-        assert s.value(MISSING, run="writer-run", step="20") == 0
+        assert missing(s, "writer-run") == (1, 10)
 
 
 def test_hung_storage_does_not_hang_the_scrape(run_dir: Path, make) -> None:

@@ -92,7 +92,7 @@ class TestCollector:
         assert s.value(S.STORAGE_FREE.name, path=path) > 0
         assert s.value(S.STORAGE_SIZE.name, path=path) >= s.value(S.STORAGE_FREE.name, path=path)
         errors = {x.labels["reason"]: x.value for x in s.samples if x.name == S.STORAGE_PROBE_ERRORS.name}
-        assert errors == dict.fromkeys(S.PROBE_ERROR_REASONS, 0.0)  # present from the start, at 0
+        assert errors == {}  # a reason's series appears with its first failure (the series budget)
         assert s.value(S.STORAGE_PROBE_RUNNING.name, path=path) >= 0
 
     def test_missing_directory_one_line_others_still_probed(self, tmp_path: Path, make, caplog) -> None:
@@ -107,6 +107,9 @@ class TestCollector:
         assert s.value(S.STORAGE_PROBE_UP.name, path=str(gone)) == 0
         assert s.value(S.STORAGE_PROBE_ERRORS.name, path=str(gone), reason="missing") >= 3
         assert s.value(S.STORAGE_PROBE_UP.name, path=str(good)) == 1
+        assert [x for x in s.samples if x.name == S.STORAGE_PROBE_ERRORS.name] == [
+            x for x in s.samples if x.name == S.STORAGE_PROBE_ERRORS.name and x.labels["reason"] == "missing"
+        ]
         assert s.find(S.STORAGE_FREE.name, path=str(gone)) == []
         lines = [r.getMessage() for r in caplog.records]
         assert len(lines) == 1, lines  # three failures, one line

@@ -23,7 +23,7 @@ from babysitter.training.otlp import OtlpPusher
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
 # Rates over a window that ends "now": they move between two reads, even of an idle tracker.
-_TIME_DEPENDENT = {T.MFU.name, T.HFU.name, T.TOKENS_PER_SECOND.name}
+_TIME_DEPENDENT = {T.MFU.name, T.HFU.name}
 
 
 class Receiver:

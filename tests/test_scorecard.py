@@ -14,8 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from babysitter.cli import build_parser
+from babysitter.generate import GenerateConfig
+from babysitter.generate.rules import recording_groups
 from babysitter.prom import PromClient, PromError
 from babysitter.scorecard import METRICS, ClusterScore, QuerySet, Scorecard, duration_seconds
 from babysitter.views.scorecard import format_value, render_png, render_table
@@ -144,7 +147,20 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> object:
     workdir = tmp_path_factory.mktemp("scorecard")
     end = math.floor(time.time() / 7200) * 7200 - 7200
     files = openmetrics_days([GOOD, BAD], workdir, end=end, days=DAYS, step=STEP)
-    with backfilled_prometheus(workdir, files) as url:
+    # The scorecard reads the recording rules: backfill them as Prometheus would have evaluated them
+    # (rate window 2h, the model kept on run-level rules), the roll-ups after the rules they read.
+    groups = recording_groups(GenerateConfig(rate_window="2h", run_labels=("model",)))
+    stages = []
+    for index, chunk in enumerate((groups[:-1], groups[-1:])):
+        path = workdir / f"rules-{index}.yaml"
+        path.write_text(yaml.safe_dump({"groups": chunk}))
+        stages.append(path)
+    start = end - DAYS * DAY
+    # The simulation samples every 30 min: a 35 min lookback lets instant selectors see each sample
+    # until the next, as 15 s scrapes would.
+    with backfilled_prometheus(
+        workdir, files, stages, start=start, end=end, eval_interval="30m", lookback="35m"
+    ) as url:
         yield url, end, workdir
 
 

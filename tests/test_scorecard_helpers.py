@@ -17,7 +17,7 @@ import math
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,18 +107,26 @@ def _cluster_lines(c: SimCluster, start: float, end: float, step: float) -> list
             rb,
             [(t, n * ckpt_bytes / c.checkpoint_bytes_per_second) for t, n in saves],
         )
+    # The probe ran a day before the end; from then on the node agents serve its results at every scrape.
+    probed = [t for t in times if t >= end - DAY]
     for h, host in enumerate(c.hosts):
         instance = f"{c.name}-{host}:9946"
         for g in range(c.gpus_per_host):
             gl = {"cluster": c.name, "instance": instance, "gpu": str(g), "model": "NVIDIA H100 80GB HBM3"}
             lines += _series(N.GPU_UP.name, gl, [(t, 1.0) for t in times])
-            lines += _series(P.PROBE_MATMUL_PEAK.name, {**gl, "dtype": "bf16"}, [(end, c.probe_peak_ratio)])
+            lines += _series(
+                P.PROBE_MATMUL_PEAK.name, {**gl, "dtype": "bf16"}, [(t, c.probe_peak_ratio) for t in probed]
+            )
             lemon = 1.0 if h * c.gpus_per_host + g < c.probe_lemons else 0.0
-            lines += _series(P.PROBE_DEVICE_LEMON.name, {**gl, "check": "matmul"}, [(end, lemon)])
+            lines += _series(
+                P.PROBE_DEVICE_LEMON.name, {**gl, "check": "matmul"}, [(t, lemon) for t in probed]
+            )
         sl = {"cluster": c.name, "instance": instance, "path": "/ckpt"}
         bl = {"cluster": c.name, "instance": instance, "backend": "nccl", "world_size": str(c.gpus)}
-        lines += _series(P.PROBE_ALLREDUCE_BUS_BANDWIDTH.name, bl, [(end, c.probe_busbw)])
-        lines += _series(P.PROBE_STORAGE_WRITE_BANDWIDTH.name, sl, [(end, c.probe_storage_write)])
+        lines += _series(P.PROBE_ALLREDUCE_BUS_BANDWIDTH.name, bl, [(t, c.probe_busbw) for t in probed])
+        lines += _series(
+            P.PROBE_STORAGE_WRITE_BANDWIDTH.name, sl, [(t, c.probe_storage_write) for t in probed]
+        )
         lines += _series(S.STORAGE_PROBE_WRITE.name, sl, [(t, c.storage_seconds * 0.7) for t in times])
         lines += _series(S.STORAGE_PROBE_FSYNC.name, sl, [(t, c.storage_seconds * 0.3) for t in times])
     # Xid errors: spread evenly over the window on GPU 0 of host 0; each series is born at its first error.
@@ -176,29 +184,19 @@ def expected_interruptions(c: SimCluster, days: int) -> float:
 
 
 @contextlib.contextmanager
-def backfilled_prometheus(workdir: Path, files: list[Path]) -> Iterator[str]:
-    """Backfill ``files`` into a TSDB and serve it with Prometheus on a loopback port; yields the URL."""
-    require_binary(PROMTOOL, "promtool")
-    require_binary(PROMETHEUS, "prometheus")
-    data = workdir / "tsdb"
-    data.mkdir()
-    for path in files:
-        subprocess.run(
-            [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", "-q", str(path), str(data)],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+def _serve(data: Path, workdir: Path, name: str, lookback: str) -> Iterator[str]:
+    """Prometheus on ``data`` (30 days kept), on a loopback port, until the block ends; yields the URL."""
     port = free_port()
     config = workdir / "prometheus.yml"
     config.write_text(json.dumps({"global": {"scrape_interval": "1m"}, "scrape_configs": []}))
-    log = (workdir / "prometheus.log").open("wb")
+    log = (workdir / f"prometheus-{name}.log").open("wb")
     proc = subprocess.Popen(
         [
             PROMETHEUS,
             f"--config.file={config}",
             f"--storage.tsdb.path={data}",
             "--storage.tsdb.retention.time=400d",
+            f"--query.lookback-delta={lookback}",
             f"--web.listen-address=127.0.0.1:{port}",
             "--log.level=warn",
         ],
@@ -210,7 +208,7 @@ def backfilled_prometheus(workdir: Path, files: list[Path]) -> Iterator[str]:
         deadline = time.monotonic() + 60
         while True:
             if proc.poll() is not None:
-                raise RuntimeError((workdir / "prometheus.log").read_text()[-2000:])
+                raise RuntimeError((workdir / f"prometheus-{name}.log").read_text()[-2000:])
             try:
                 with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as response:  # noqa: S310 - loopback
                     if response.status == 200:
@@ -229,3 +227,57 @@ def backfilled_prometheus(workdir: Path, files: list[Path]) -> Iterator[str]:
             proc.kill()
             proc.wait(timeout=5)
         log.close()
+
+
+@contextlib.contextmanager
+def backfilled_prometheus(
+    workdir: Path,
+    files: list[Path],
+    rule_stages: Sequence[Path] = (),
+    *,
+    start: float = 0.0,
+    end: float = 0.0,
+    eval_interval: str = "30m",
+    lookback: str = "5m",
+) -> Iterator[str]:
+    """Backfill ``files`` into a TSDB, then the recording rules of each of ``rule_stages`` over
+    [start, end] (``promtool tsdb create-blocks-from rules``, in order: a stage may read the results
+    of the ones before it), and serve the result with Prometheus on a loopback port; yields the URL.
+
+    This is what a Prometheus that evaluated the rules over those 30 days would hold. With samples
+    sparser than a scrape interval, give a ``lookback`` above their spacing: instant selectors (in the
+    rules and in queries) then see each sample until the next, as they would with 15 s scrapes."""
+    require_binary(PROMTOOL, "promtool")
+    require_binary(PROMETHEUS, "prometheus")
+    data = workdir / "tsdb"
+    data.mkdir()
+    for path in files:
+        subprocess.run(
+            [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", "-q", str(path), str(data)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+    for index, rules in enumerate(rule_stages):
+        out = workdir / f"rule-blocks-{index}"
+        with _serve(data, workdir, f"rules-{index}", lookback) as url:
+            subprocess.run(
+                [
+                    PROMTOOL,
+                    *("tsdb", "create-blocks-from", "rules"),
+                    f"--start={int(start)}",
+                    f"--end={int(end)}",
+                    f"--url={url}",
+                    f"--output-dir={out}",
+                    f"--eval-interval={eval_interval}",
+                    str(rules),
+                ],
+                check=True,
+                capture_output=True,
+                timeout=600,
+            )
+        for block in out.iterdir():
+            if block.is_dir():
+                block.rename(data / block.name)
+    with _serve(data, workdir, "serve", lookback) as url:
+        yield url

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,8 @@ import pytest
 from babysitter.catalog import node as N
 from babysitter.catalog import train as T
 from babysitter.cli import build_parser
+from babysitter.generate import fast as fast_profile
+from babysitter.generate.writer import render, write
 from node_helpers import read_port_file
 from promkit import PrometheusServer
 
@@ -78,7 +81,11 @@ def test_live_clusters_ranked(tmp_path: Path) -> None:
             }
             for name in ("fast", "slow")
         ]
-        with PrometheusServer(tmp_path, extra_scrape_configs=jobs) as prom:
+        # The scorecard reads the recording rules, generated with its rate window.
+        generated = tmp_path / "gen"
+        write(generated, render(replace(fast_profile(), rate_window="10s")))
+        rules = [generated / "alerts/babysitter-rules.yaml"]
+        with PrometheusServer(tmp_path, extra_scrape_configs=jobs, rule_files=rules) as prom:
             prom.wait_for(f"count by (cluster) ({T.STEPS.name}) and on (cluster) {N.GPU_UP.name}", timeout=40)
             prom.wait_for(f"count(count by (cluster) ({T.STEPS.name})) == 2", timeout=40)
             prom.wait_for(f'{N.GPU_XID_ERRORS.name}{{cluster="slow"}} >= 3', timeout=30)

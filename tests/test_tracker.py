@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import subprocess
@@ -140,20 +139,77 @@ class TestMath:
         assert snap.phase_seconds == {"eval": pytest.approx(10.0)}
         assert snap.checkpoint_save is not None and snap.checkpoint_save.sum == pytest.approx(30.0)
 
-    def test_step_histogram_buckets(self, make_tracker: Any, clock: FakeClock) -> None:
-        """Durations land in the right ``le`` buckets (a value equal to a bound counts in it)."""
+    def test_step_time_quantiles_on_rank_zero_sum_and_count_everywhere(
+        self, make_tracker: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Rank 0 exports the p50/p90 of its recent steps; every rank the sum and count, no buckets."""
         tracker = make_tracker()
         tracker.step()
-        for seconds in (0.25, 0.3, 1.0, 200.0):
+        for seconds in (0.25, 0.3, 1.0, 200.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5):
             clock.advance(seconds)
             tracker.step()
-        buckets = dict(tracker.snapshot().step_duration.buckets)
-        assert buckets[0.125] == 0
-        assert buckets[0.25] == 1
-        assert buckets[0.5] == 2
-        assert buckets[1.0] == 3
-        assert buckets[128.0] == 3
-        assert buckets[math.inf] == 4
+        name = T.STEP_DURATION.name
+        assert _sample(tracker, name, quantile="0.5") == 0.5
+        assert _sample(tracker, name, quantile="0.9") == 1.0
+        assert _sample(tracker, name + "_count") == 10
+        assert _sample(tracker, name + "_sum") == pytest.approx(204.55)
+        assert (
+            tracker.registry.get_sample_value(name + "_bucket", {"run": "t", "rank": "0", "le": "+Inf"})
+            is None
+        )
+
+        monkeypatch.setenv("RANK", "1")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        other = make_tracker()
+        other.step()
+        clock.advance(0.5)
+        other.step()
+        labels = {"run": "t", "rank": "1"}
+        assert other.registry.get_sample_value(name + "_count", labels) == 1
+        assert other.registry.get_sample_value(name, {**labels, "quantile": "0.5"}) is None
+
+    def test_step_time_quantiles_come_from_device_times_on_cuda(self, make_tracker: Any) -> None:
+        """With the CUDA event timer, the quantiles are of the device step times it drains (250 ms),
+        the ones the sum and count hold, not of host times."""
+
+        class FakeEvent:
+            def record(self) -> None:
+                pass
+
+            def query(self) -> bool:
+                return True
+
+            def elapsed_time(self, end: Any) -> float:
+                return 250.0  # milliseconds, as torch.cuda.Event reports
+
+        tracker = make_tracker()
+        tracker._timer = CudaStepTimer(FakeEvent, size=64)
+        for _ in range(6):
+            tracker.step()
+        tracker.fold()
+        name = T.STEP_DURATION.name
+        count = _sample(tracker, name + "_count")
+        assert count is not None and count >= 4
+        assert _sample(tracker, name, quantile="0.5") == 0.25
+        assert _sample(tracker, name, quantile="0.9") == 0.25
+        assert _sample(tracker, name + "_sum") == pytest.approx(0.25 * count)
+
+    def test_only_rank_zero_exports_the_runs_view(
+        self, make_tracker: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Series the catalog marks rank-0-only are absent on rank 1; the per-rank ones are there."""
+        monkeypatch.setenv("RANK", "1")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        tracker = make_tracker(tokens_per_step=10, flops_per_token=1.0)
+        for _ in range(3):
+            tracker.step(loss=1.0)
+        tracker.fold()
+        exposed = {s.name for f in tracker.registry.collect() for s in f.samples}
+        rank0_only = {spec.name for spec in T.METRICS if spec.ranks == "rank0"}
+        assert not exposed & rank0_only, exposed & rank0_only
+        assert {T.STEPS.name, T.TOKENS.name, T.MODEL_FLOPS.name, T.PEAK_FLOPS.name} <= exposed
+        # No recomputation declared: hardware FLOPs would repeat model FLOPs.
+        assert T.HARDWARE_FLOPS.name not in exposed
 
     def test_checkpoint_load_sets_the_step_and_failed_save_counts(self, make_tracker: Any) -> None:
         """Resuming from step 700 continues at 701; a save that raises is a failure and propagates."""

@@ -6,13 +6,14 @@ Domain modules hold the entries (:mod:`.train`, :mod:`.goodput`, :mod:`.node`, :
 
 from __future__ import annotations
 
-from babysitter.catalog import goodput, node, probe, remediate, runtime, selfmon, storage, train
+from babysitter.catalog import budget, goodput, node, probe, remediate, runtime, selfmon, storage, train
 from babysitter.catalog._spec import Kind, MetricSpec
 
 __all__ = [
     "ALL",
     "Kind",
     "MetricSpec",
+    "budget",
     "by_name",
     "goodput",
     "node",

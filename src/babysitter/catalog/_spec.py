@@ -16,12 +16,15 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     InfoMetricFamily,
     Metric,
+    SummaryMetricFamily,
 )
 
-__all__ = ["Kind", "MetricSpec"]
+__all__ = ["Kind", "MetricSpec", "Ranks"]
 
-Kind = Literal["counter", "gauge", "histogram", "info"]
+Kind = Literal["counter", "gauge", "histogram", "summary", "info"]
 Source = Literal["tracker", "node", "probe", "self", "remediate"]
+#: Which training ranks export a tracker metric: every rank, or rank 0 alone (the run's view).
+Ranks = Literal["all", "rank0"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,10 @@ class MetricSpec:
     """One metric: its exposed name, type, unit, help text and label names.
 
     ``name`` is the name as Prometheus stores it (counters end in ``_total``, info metrics in
-    ``_info``); histograms expose ``name_bucket``/``name_sum``/``name_count``.
+    ``_info``); histograms expose ``name_bucket``/``name_sum``/``name_count``, summaries
+    ``name{quantile}`` (for each of ``quantiles``, where they are computed) and ``name_sum``/``name_count``.
+    ``ranks`` says which training ranks export a tracker metric (the series budget's main lever:
+    per-rank series are multiplied by the GPU count, rank 0's are not).
     """
 
     name: str
@@ -39,6 +45,8 @@ class MetricSpec:
     labels: tuple[str, ...] = ()
     source: Source = "tracker"
     buckets: tuple[float, ...] = field(default=())
+    quantiles: tuple[float, ...] = field(default=())
+    ranks: Ranks = "all"
 
     def __post_init__(self) -> None:
         if self.kind == "counter" and not self.name.endswith("_total"):
@@ -47,6 +55,10 @@ class MetricSpec:
             raise ValueError(f"info metric {self.name!r} must end in _info")
         if self.kind == "histogram" and not self.buckets:
             raise ValueError(f"histogram {self.name!r} needs buckets")
+        if self.quantiles and self.kind != "summary":
+            raise ValueError(f"only summaries have quantiles: {self.name!r}")
+        if any(not 0 < q < 1 for q in self.quantiles):
+            raise ValueError(f"quantiles of {self.name!r} must lie strictly between 0 and 1")
         if self.unit == "ratio" and not self.name.endswith("_ratio"):
             raise ValueError(f"ratio metric {self.name!r} must end in _ratio")
 
@@ -68,4 +80,6 @@ class MetricSpec:
             return GaugeMetricFamily(self.name, self.help, labels=labels)
         if self.kind == "histogram":
             return HistogramMetricFamily(self.name, self.help, labels=labels)
+        if self.kind == "summary":
+            return SummaryMetricFamily(self.name, self.help, labels=labels)
         return InfoMetricFamily(self.base_name, self.help, labels=labels)

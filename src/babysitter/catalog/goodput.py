@@ -42,12 +42,14 @@ GOODPUT = MetricSpec(
     "gauge",
     "ratio",
     "Productive step time over wall time since the run first started, across restarts.",
+    ranks="rank0",
 )
 PRODUCTIVE_SECONDS = MetricSpec(
     "train_productive_seconds_total",
     "counter",
     "seconds",
     "Step time that became kept progress, since the run first started (continued across restarts).",
+    ranks="rank0",
 )
 BADPUT_SECONDS = MetricSpec(
     "train_badput_seconds_total",
@@ -55,9 +57,14 @@ BADPUT_SECONDS = MetricSpec(
     "seconds",
     "Wall time that did not become kept progress, by cause, since the run first started.",
     labels=("cause",),
+    ranks="rank0",
 )
 RESTARTS = MetricSpec(
-    "train_restarts_total", "counter", "", "Incarnations of this run after the first (restarts)."
+    "train_restarts_total",
+    "counter",
+    "",
+    "Incarnations of this run after the first (restarts).",
+    ranks="rank0",
 )
 
 LEDGER_WRITE_ERRORS = MetricSpec(
@@ -68,6 +75,7 @@ LEDGER_WRITE_ERRORS = MetricSpec(
     "records are retried.",
     labels=("op",),
     source="self",
+    ranks="rank0",
 )
 LEDGER_SKIPPED_LINES = MetricSpec(
     "babysitter_ledger_skipped_lines_total",
@@ -77,6 +85,7 @@ LEDGER_SKIPPED_LINES = MetricSpec(
     "or fenced (written by a writer after another took the lock over).",
     labels=("reason",),
     source="self",
+    ranks="rank0",
 )
 LEDGER_PENDING_BYTES = MetricSpec(
     "babysitter_ledger_pending_bytes",
@@ -84,6 +93,7 @@ LEDGER_PENDING_BYTES = MetricSpec(
     "bytes",
     "Ledger bytes waiting to be written (grows while the ledger's storage fails).",
     source="self",
+    ranks="rank0",
 )
 LEDGER_DROPPED_RECORDS = MetricSpec(
     "babysitter_ledger_dropped_records_total",
@@ -91,6 +101,7 @@ LEDGER_DROPPED_RECORDS = MetricSpec(
     "",
     "Ledger lines dropped because the pending buffer was full while the storage kept failing.",
     source="self",
+    ranks="rank0",
 )
 
 LEDGER_WRITER_STATE = MetricSpec(

@@ -1,7 +1,7 @@
 """Per-rank run health the tracker computes in-process: hangs and stragglers.
 
-Same labels as the tracker's metrics (``run``, ``rank`` and the user's constant labels). Four
-series per rank, inside the per-rank budget of DESIGN.md.
+Same labels as the tracker's metrics (``run``, ``rank`` and the user's constant labels). Three
+series per rank (the hang threshold from rank 0 alone), inside the per-rank budget of DESIGN.md.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ HANG_THRESHOLD = MetricSpec(
     "seconds",
     "Seconds without a finished step after which the watchdog declares a hang (fixed, or k x the "
     "recent median step time with a floor).",
+    ranks="rank0",
 )
 STALLED_SECONDS = MetricSpec(
     "train_stalled_seconds",

@@ -26,7 +26,8 @@ EXPORTER_PORT = MetricSpec(
     "babysitter_exporter_port",
     "gauge",
     "",
-    "TCP port this process's metrics endpoint is bound to (differs from the requested one after a fallback).",
+    "TCP port this process's metrics endpoint is bound to, exported when it differs from the one "
+    "requested (a fallback: the requested port was taken).",
     labels=("requested",),
     source="self",
 )
@@ -34,7 +35,7 @@ BUILD_INFO = MetricSpec(
     "babysitter_build_info",
     "info",
     "",
-    "babysitter version and the Python it runs on.",
+    "babysitter version and the Python it runs on (the node agent; trackers put both in train_info).",
     labels=("version", "python"),
     source="self",
 )

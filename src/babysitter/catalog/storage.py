@@ -1,8 +1,9 @@
 """Node agent metrics about checkpoint storage: the storage probe and the checkpoint sentinel.
 
 Probe series carry ``path`` (a configured checkpoint directory, so the set is bounded by the agent's
-configuration); sentinel series carry ``run`` (the run's name from its ledger) and, for
-``checkpoint_missing``, ``step`` (at most ``keep_last`` steps per run at a time).
+configuration); sentinel series carry ``run`` (the run's name from its ledger): a fixed number per
+run, whatever ``keep_last`` is (the missing checkpoints are a count and the newest missing step a
+value, not a series per step).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from babysitter.catalog._spec import MetricSpec
 __all__ = [
     "CHECKPOINT_LEDGER_UP",
     "CHECKPOINT_MISSING",
+    "CHECKPOINT_MISSING_STEP",
     "CHECKPOINT_NEWEST_VERIFIED_AGE",
     "METRICS",
     "PROBE_ERROR_REASONS",
@@ -71,7 +73,7 @@ STORAGE_PROBE_ERRORS = _probe(
     "counter",
     "",
     "Failed probes of a checkpoint directory, by reason (missing, permission, read_only, no_space, io, "
-    "stale, corrupt, other).",
+    "stale, corrupt, other); a reason's series appears with its first failure.",
     labels=("reason",),
 )
 STORAGE_PROBE_RUNNING = _probe(
@@ -97,8 +99,17 @@ CHECKPOINT_MISSING = MetricSpec(
     "checkpoint_missing",
     "gauge",
     "",
-    "1 when a checkpoint the ledger says completed is missing or smaller than recorded, for the last K.",
-    labels=("run", "step"),
+    "How many of the run's last K checkpoints the ledger says completed are missing or smaller than "
+    "recorded (0 when all are there).",
+    labels=("run",),
+    source="node",
+)
+CHECKPOINT_MISSING_STEP = MetricSpec(
+    "checkpoint_missing_newest_step",
+    "gauge",
+    "",
+    "Step of the newest of the run's last K checkpoints that is missing or too small (absent when none is).",
+    labels=("run",),
     source="node",
 )
 CHECKPOINT_NEWEST_VERIFIED_AGE = MetricSpec(
@@ -128,6 +139,7 @@ METRICS: tuple[MetricSpec, ...] = (
     STORAGE_FREE,
     STORAGE_SIZE,
     CHECKPOINT_MISSING,
+    CHECKPOINT_MISSING_STEP,
     CHECKPOINT_NEWEST_VERIFIED_AGE,
     CHECKPOINT_LEDGER_UP,
 )

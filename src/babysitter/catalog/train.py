@@ -2,6 +2,11 @@
 
 Every series carries the labels ``run`` and ``rank`` plus the constant labels the user passes to
 ``watch(labels=...)`` (for example ``cluster``); see :data:`TRACKER_LABELS`.
+
+Per-rank series are multiplied by the GPU count (16,384 at the scale this is built for), so every
+rank exports only what a per-rank view or a sum over ranks needs; what is the same on every rank of
+a synchronous job (the global step, the loss, step-time quantiles, timestamps) comes from rank 0
+alone (``ranks="rank0"``). See :mod:`babysitter.catalog.budget`.
 """
 
 from __future__ import annotations
@@ -9,7 +14,6 @@ from __future__ import annotations
 from babysitter.catalog._spec import MetricSpec
 
 __all__ = [
-    "CHECKPOINT_BUCKETS",
     "CKPT_BYTES",
     "CKPT_FAILURES",
     "CKPT_LAST_SUCCESS",
@@ -32,10 +36,10 @@ __all__ = [
     "SAMPLES",
     "STEP",
     "STEPS",
-    "STEP_BUCKETS",
     "STEP_DURATION",
+    "STEP_QUANTILES",
+    "STEP_QUANTILE_STEPS",
     "TOKENS",
-    "TOKENS_PER_SECOND",
     "TRACKER_LABELS",
 ]
 
@@ -44,23 +48,34 @@ TRACKER_LABELS = ("run", "rank")
 #: of ``watch(parallelism=...)``.
 PARALLEL_LABELS = ("tp", "pp", "cp", "ep", "dp")
 
-#: Step time buckets: 1/16 s to 128 s, doubling (12 buckets + ``+Inf``). Doubling keeps the
-#: per-rank series budget small while still telling a 2x slowdown apart at any step time.
-STEP_BUCKETS = tuple(2.0**k for k in range(-4, 8))
-#: Checkpoint save/load buckets: 1 s to 1 h.
-CHECKPOINT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+#: Step-time quantiles rank 0 computes over its last :data:`STEP_QUANTILE_STEPS` steps. Ranks of a
+#: synchronous job share step boundaries, so rank 0's distribution is the run's; a 13-bucket
+#: histogram on every rank would cost 13 series x 16,384 GPUs for the same answer.
+STEP_QUANTILES = (0.5, 0.9)
+STEP_QUANTILE_STEPS = 256
 
 STEPS = MetricSpec("train_steps_total", "counter", "", "Optimizer steps completed by this process.")
-STEP = MetricSpec("train_step", "gauge", "", "Current global step (as passed to or counted by the tracker).")
+STEP = MetricSpec(
+    "train_step",
+    "gauge",
+    "",
+    "Current global step (as passed to or counted by the tracker).",
+    ranks="rank0",
+)
 STEP_DURATION = MetricSpec(
     "train_step_duration_seconds",
-    "histogram",
+    "summary",
     "seconds",
-    "Time between consecutive step boundaries (device time on CUDA, wall time on CPU).",
-    buckets=STEP_BUCKETS,
+    "Time between consecutive step boundaries (device time on CUDA, wall time on CPU); rank 0 adds "
+    f"the {', '.join(f'{q:g}' for q in STEP_QUANTILES)} quantiles of its last {STEP_QUANTILE_STEPS} steps.",
+    quantiles=STEP_QUANTILES,
 )
 LAST_STEP_TIMESTAMP = MetricSpec(
-    "train_last_step_timestamp_seconds", "gauge", "seconds", "Unix time at which the last step finished."
+    "train_last_step_timestamp_seconds",
+    "gauge",
+    "seconds",
+    "Unix time at which the last step finished.",
+    ranks="rank0",
 )
 TOKENS = MetricSpec(
     "train_tokens_total",
@@ -73,13 +88,8 @@ SAMPLES = MetricSpec(
     "train_samples_total",
     "counter",
     "",
-    "This rank's share of its data-parallel replica's samples (sequences), shared as the tokens are.",
-)
-TOKENS_PER_SECOND = MetricSpec(
-    "train_tokens_per_second",
-    "gauge",
-    "",
-    "This rank's share of its replica's tokens per second over the tracker's sliding window.",
+    "This rank's share of its data-parallel replica's samples (sequences), shared as the tokens are "
+    "(exported once the tracker counted any).",
 )
 MODEL_FLOPS = MetricSpec(
     "train_model_flops_total",
@@ -93,7 +103,7 @@ HARDWARE_FLOPS = MetricSpec(
     "counter",
     "flops",
     "This rank's share of its replica's hardware FLOPs, counting activation recomputation: the HFU "
-    "numerator.",
+    "numerator (exported when recomputation is declared; without it hardware FLOPs equal model FLOPs).",
 )
 PEAK_FLOPS = MetricSpec(
     "train_peak_flops_per_second",
@@ -107,12 +117,15 @@ MFU = MetricSpec(
     "ratio",
     "Model FLOPs utilization over the tracker's sliding window: this rank's share of model FLOP/s over "
     "its dense peak (the job's MFU when the ranks keep pace).",
+    ranks="rank0",
 )
 HFU = MetricSpec(
     "train_hfu_ratio",
     "gauge",
     "ratio",
-    "Hardware FLOPs utilization over the tracker's sliding window (counts recomputation).",
+    "Hardware FLOPs utilization over the tracker's sliding window (counts recomputation; exported "
+    "when recomputation is declared).",
+    ranks="rank0",
 )
 DATA_WAIT = MetricSpec(
     "train_data_wait_seconds_total",
@@ -126,20 +139,19 @@ PHASE_SECONDS = MetricSpec(
     "seconds",
     "Time spent in user-marked phases (eval, ...), by phase.",
     labels=("phase",),
+    ranks="rank0",
 )
 CKPT_SAVE_DURATION = MetricSpec(
     "train_checkpoint_save_duration_seconds",
-    "histogram",
+    "summary",
     "seconds",
-    "Blocking time of checkpoint saves on this rank.",
-    buckets=CHECKPOINT_BUCKETS,
+    "Blocking time of checkpoint saves on this rank (sum and count: the slow-save alert uses the mean).",
 )
 CKPT_LOAD_DURATION = MetricSpec(
     "train_checkpoint_load_duration_seconds",
-    "histogram",
+    "summary",
     "seconds",
-    "Time of checkpoint loads on this rank.",
-    buckets=CHECKPOINT_BUCKETS,
+    "Time of checkpoint loads on this rank (sum and count).",
 )
 CKPT_BYTES = MetricSpec(
     "train_checkpoint_bytes_total", "counter", "bytes", "Bytes written by successful checkpoint saves."
@@ -149,12 +161,17 @@ CKPT_LAST_SUCCESS = MetricSpec(
     "gauge",
     "seconds",
     "Unix time at which the last checkpoint save succeeded.",
+    ranks="rank0",
 )
 CKPT_FAILURES = MetricSpec(
     "train_checkpoint_failures_total", "counter", "", "Checkpoint saves that raised an exception."
 )
 LOSS = MetricSpec(
-    "train_loss", "gauge", "", "Last training loss read off the hot path (may lag the step by a little)."
+    "train_loss",
+    "gauge",
+    "",
+    "Last training loss read off the hot path (may lag the step by a little).",
+    ranks="rank0",
 )
 NONFINITE_LOSS = MetricSpec(
     "train_nonfinite_loss_total", "counter", "", "Loss values read that were NaN or infinite."
@@ -164,14 +181,24 @@ RUN_START_TIMESTAMP = MetricSpec(
     "gauge",
     "seconds",
     "Unix time at which this process's tracker started (this incarnation).",
+    ranks="rank0",
 )
 INFO = MetricSpec(
     "train_info",
     "info",
     "",
-    "Static facts about this training process: version, device, dtype used for the peak, world size, "
+    "Static facts about this training process: versions, device, dtype used for the peak, world size, "
     "tensor/pipeline/context/expert/data parallel degrees.",
-    labels=("version", "device", "peak_dtype", "world_size", "local_rank", "flops_source", *PARALLEL_LABELS),
+    labels=(
+        "version",
+        "python",
+        "device",
+        "peak_dtype",
+        "world_size",
+        "local_rank",
+        "flops_source",
+        *PARALLEL_LABELS,
+    ),
 )
 
 METRICS: tuple[MetricSpec, ...] = (
@@ -181,7 +208,6 @@ METRICS: tuple[MetricSpec, ...] = (
     LAST_STEP_TIMESTAMP,
     TOKENS,
     SAMPLES,
-    TOKENS_PER_SECOND,
     MODEL_FLOPS,
     HARDWARE_FLOPS,
     PEAK_FLOPS,

@@ -34,15 +34,26 @@ def register(subparsers: Any) -> None:
         "--mfu-match",
         default="",
         metavar="MATCHERS",
-        help="matchers naming the model config MFU is compared for, e.g. 'model=\"llama3-8b\"'",
+        help="matchers naming the model config MFU is compared for, e.g. 'model=\"llama3-8b\"' (the "
+        "run-level rules keep such labels when generated with GenerateConfig.run_labels)",
     )
     p.add_argument(
-        "--tracker-selector", default="", metavar="MATCHERS", help="extra matchers on training series"
+        "--tracker-selector",
+        default="",
+        metavar="MATCHERS",
+        help="extra matchers on the training roll-up rules (labels: cluster, run, run labels)",
     )
     p.add_argument(
-        "--node-selector", default="", metavar="MATCHERS", help="extra matchers on node agent series"
+        "--node-selector",
+        default="",
+        metavar="MATCHERS",
+        help="extra matchers on the node roll-up rules (label: cluster)",
     )
-    p.add_argument("--rate-window", default="5m", help="rate window of MFU points (default 5m)")
+    p.add_argument(
+        "--rate-window",
+        default="5m",
+        help="rate window the recording rules were generated with (default 5m, the default config's)",
+    )
     p.add_argument("--step", default="5m", help="resolution of time-integrated queries (default 5m)")
     p.add_argument("--at", type=float, default=None, help="Unix time the window ends at (default now)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per query (default 60)")

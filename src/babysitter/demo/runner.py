@@ -176,7 +176,7 @@ class _Demo:
             self.pending_pages.append(page)
 
     def start_monitoring(self) -> None:
-        from babysitter.generate import ALERT_RULES, RECORDING_RULES, render
+        from babysitter.generate.writer import ALERT_RULES, RECORDING_RULES, render
 
         missing = self.binaries.missing()
         if missing:

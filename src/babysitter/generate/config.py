@@ -34,6 +34,10 @@ class GenerateConfig:
     #: Label that tells clusters (providers) apart. On tracker series it is a constant label the user
     #: passes to ``watch(labels=...)``; on node agent series a Prometheus target or external label.
     cluster_label: str = "cluster"
+    #: Constant labels that describe a run's model or shape (``watch(labels={"model": ...})``), kept by
+    #: every run-level recording rule next to the cluster and run: the scorecard compares MFU of the
+    #: same model across clusters by matching them (``--mfu-match 'model="llama3-8b"'``).
+    run_labels: tuple[str, ...] = ()
     #: Extra matchers on every tracker series, e.g. ``'job="babysitter"'``; empty matches all.
     tracker_selector: str = ""
     #: Extra matchers on every node agent series (GPU, storage, sentinel, collector health).
@@ -70,6 +74,17 @@ class GenerateConfig:
     # --- targets ----------------------------------------------------------------------------------
     #: How long a scrape target may be down before paging (rides out a restart or a short network blip).
     target_down_for: str = "5m"
+
+    # --- distributed tier (per-rack Prometheus agents remote-writing to a central tier) -----------
+    #: External label each rack's agent adds to what it sends (exporters/prometheus-agent.yml).
+    rack_label: str = "rack"
+    #: A rack whose node agents' ``up`` series sent nothing for this long pages: its agent
+    #: Prometheus died or cannot reach the central tier. Remote-write lag stays well below it.
+    rack_silent_window: str = "3m"
+    #: How far back a rack is remembered: a rack silent for longer no longer pages (decommissioned).
+    rack_lookback_window: str = "6h"
+    #: Extra wait before paging once a rack fell silent.
+    rack_silent_for: str = "2m"
 
     # --- MFU and stragglers -----------------------------------------------------------------------
     #: The run's own MFU baseline: median of its 5-minute MFU over this window.
@@ -173,8 +188,12 @@ class GenerateConfig:
     nonfinite_window: str = "10m"
 
     def __post_init__(self) -> None:
-        if not _LABEL.match(self.cluster_label):
-            raise ValueError(f"cluster_label is not a Prometheus label name: {self.cluster_label!r}")
+        for name in ("cluster_label", "rack_label"):
+            if not _LABEL.match(getattr(self, name)):
+                raise ValueError(f"{name} is not a Prometheus label name: {getattr(self, name)!r}")
+        for label in self.run_labels:
+            if not _LABEL.match(label) or label in (self.cluster_label, "run", "rank", "le", "quantile"):
+                raise ValueError(f"run_labels: {label!r} is not a free label name")
         for item in fields(self):
             value = getattr(self, item.name)
             if item.name.endswith(("_window", "_for")):
@@ -210,6 +229,9 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         stall_lookback_window="5m",
         stall_for="0s",
         target_down_for="10s",
+        rack_silent_window="10s",
+        rack_lookback_window="5m",
+        rack_silent_for="0s",
         trainer_exit_window="1m",
         mfu_baseline_window="5m",
         mfu_drop_for="30s",

@@ -16,6 +16,7 @@ from babysitter.catalog import MetricSpec
 __all__ = [
     "by",
     "eq",
+    "growth",
     "join_matchers",
     "new_or_increased",
     "record_name",
@@ -48,11 +49,14 @@ def join_matchers(*parts: str) -> str:
 
 
 def select(spec: MetricSpec, *matchers: str, suffix: str = "") -> str:
-    """A series selector for a catalog entry; ``suffix`` picks a histogram's ``_bucket/_sum/_count``."""
+    """A series selector for a catalog entry; ``suffix`` picks a histogram's ``_bucket/_sum/_count``
+    or a summary's ``_sum/_count``."""
     if suffix not in _SUFFIXES:
         raise ValueError(f"unknown series suffix {suffix!r}")
-    if suffix and spec.kind != "histogram":
+    if suffix and spec.kind not in ("histogram", "summary"):
         raise ValueError(f"{spec.name} is a {spec.kind}, it has no {suffix} series")
+    if suffix == "_bucket" and spec.kind != "histogram":
+        raise ValueError(f"{spec.name} is a summary, it has no _bucket series")
     inner = join_matchers(*matchers)
     name = spec.name + suffix
     return f"{name}{{{inner}}}" if inner else name
@@ -91,4 +95,17 @@ def new_or_increased(selector: str, window: str, memory: str = "6h") -> str:
         f" or ({selector} > 0 unless {before})"
         f" or ({selector} - {before} > 0)"
         f" or (({selector} < {before}) > 0))"
+    )
+
+
+def growth(selector: str, window: str, memory: str = "6h") -> str:
+    """How much each counter grew in the last ``window``, exactly: the value now minus the last one
+    seen before the window (within ``memory``); all of it for a series born in the window or reset.
+
+    Unlike ``increase()`` it does not extrapolate to the window's edges, so summing its values at
+    ``window`` intervals counts discrete events (Xid errors) once each, however sparse the samples.
+    """
+    before = f"last_over_time({selector}[{memory}] offset {window})"
+    return (
+        f"(({selector} - {before}) > 0 or ({selector} > 0 unless {before}) or (({selector} < {before}) > 0))"
     )

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 from babysitter.catalog import goodput as G
 from babysitter.catalog import node as N
+from babysitter.catalog import probe as P
 from babysitter.catalog import storage as S
 from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig
-from babysitter.generate.promql import by, record_name, select
+from babysitter.generate.promql import by, eq, growth, record_name, select
 
 __all__ = ["Records", "recording_groups", "recording_rules"]
 
@@ -27,13 +28,13 @@ class Records:
 
     @property
     def run_key(self) -> tuple[str, ...]:
-        """Labels of one run."""
-        return (self.cfg.cluster_label, "run")
+        """Labels of one run (with the run labels of the config: model, shape...)."""
+        return (self.cfg.cluster_label, "run", *self.cfg.run_labels)
 
     @property
     def rank_key(self) -> tuple[str, ...]:
         """Labels of one rank of a run."""
-        return (self.cfg.cluster_label, "run", "rank")
+        return (*self.run_key, "rank")
 
     @property
     def gpu_key(self) -> tuple[str, ...]:
@@ -73,8 +74,8 @@ class Records:
         return record_name(["run", "rank"], T.STEP_DURATION.name, f"ratio_to_median{self.cfg.rate_window}")
 
     def step_quantile(self, q: float) -> str:
-        """Step time quantile of a run over all ranks."""
-        return record_name(["run"], T.STEP_DURATION.name, f"p{round(q * 100)}_{self.cfg.rate_window}")
+        """Step time quantile of a run: rank 0's, over its last steps (ranks step in lockstep)."""
+        return record_name(["run"], T.STEP_DURATION.name, f"p{round(q * 100)}")
 
     @property
     def last_step(self) -> str:
@@ -123,6 +124,74 @@ class Records:
         """Write + fsync time of the last storage probe, per host and path."""
         return record_name(["instance", "path"], S.STORAGE_PROBE_WRITE.name, "plus_fsync")
 
+    # --- roll-ups the scorecard and the cluster-wide panels read over days (never raw per-rank series)
+
+    @property
+    def productive_total(self) -> str:
+        """A run's productive-seconds counter (rank 0 exports it; continued across restarts, so the
+        run's series carries over a restart on another host where the per-process series does not)."""
+        return record_name(["run"], G.PRODUCTIVE_SECONDS.name, "sum")
+
+    @property
+    def badput_total(self) -> str:
+        """A run's badput seconds, all causes together (a counter continued across restarts)."""
+        return record_name(["run"], G.BADPUT_SECONDS.name, "sum")
+
+    @property
+    def restarts_total(self) -> str:
+        """A run's restart counter (continued across restarts)."""
+        return record_name(["run"], G.RESTARTS.name, "max")
+
+    @property
+    def data_wait_mean(self) -> str:
+        """Fraction of time a run's ranks wait for input, mean over ranks."""
+        return record_name(["run"], T.DATA_WAIT.base_name, f"avg_rate{self.cfg.rate_window}")
+
+    @property
+    def data_wait_worst(self) -> str:
+        """Fraction of time the most input-starved rank of a run waits."""
+        return record_name(["run"], T.DATA_WAIT.base_name, f"max_rate{self.cfg.rate_window}")
+
+    @property
+    def checkpoint_bytes_rate(self) -> str:
+        """Checkpoint bytes written per second by all ranks of a run."""
+        return record_name(["run"], T.CKPT_BYTES.base_name, f"rate{self.cfg.rate_window}")
+
+    @property
+    def checkpoint_save_rate(self) -> str:
+        """Blocking checkpoint-save seconds per second, all ranks of a run together."""
+        return record_name(["run"], f"{T.CKPT_SAVE_DURATION.name}_sum", f"rate{self.cfg.rate_window}")
+
+    @property
+    def xid_new(self) -> str:
+        """Xid errors per cluster and action bucket new in the last rate window."""
+        return record_name(["cluster", "action"], N.GPU_XID_ERRORS.base_name, f"new{self.cfg.rate_window}")
+
+    @property
+    def storage_probe_p99(self) -> str:
+        """p99 over a cluster's hosts and paths of the last probe's write + fsync time."""
+        return record_name(["cluster"], S.STORAGE_PROBE_WRITE.name, "plus_fsync_p99")
+
+    @property
+    def probe_peak_median(self) -> str:
+        """Median over a cluster's devices of the last probe's matmul throughput over peak."""
+        return record_name(["cluster"], P.PROBE_MATMUL_PEAK.name, "median")
+
+    @property
+    def probe_busbw_median(self) -> str:
+        """Median all-reduce bus bandwidth of a cluster's last probes."""
+        return record_name(["cluster"], P.PROBE_ALLREDUCE_BUS_BANDWIDTH.name, "median")
+
+    @property
+    def probe_storage_write_median(self) -> str:
+        """Median checkpoint-sized write bandwidth of a cluster's last probes."""
+        return record_name(["cluster"], P.PROBE_STORAGE_WRITE_BANDWIDTH.name, "median")
+
+    @property
+    def probe_lemons(self) -> str:
+        """Devices of a cluster its last probes flagged as lemons in any check."""
+        return record_name(["cluster"], P.PROBE_DEVICE_LEMON.name, "sum")
+
 
 def _rule(record: str, expr: str) -> dict[str, object]:
     return {"record": record, "expr": expr}
@@ -133,8 +202,8 @@ def _training_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
     run, rank = by(r.run_key), by(r.rank_key)
     step_sum = select(T.STEP_DURATION, ts, suffix="_sum")
     step_count = select(T.STEP_DURATION, ts, suffix="_count")
-    step_bucket = select(T.STEP_DURATION, ts, suffix="_bucket")
     peak = select(T.PEAK_FLOPS, ts)
+    model_rate = f"rate({select(T.MODEL_FLOPS, ts)}[{w}]) and {peak}"
     bw = cfg.stall_baseline_window
     rules = [
         _rule(r.last_step, f"max {run} ({select(T.LAST_STEP_TIMESTAMP, ts)})"),
@@ -145,9 +214,11 @@ def _training_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
             r.mfu,
             f"sum {run} (rate({select(T.MODEL_FLOPS, ts)}[{w}]) and {peak})\n/\nsum {run} ({peak})",
         ),
+        # Trackers export hardware FLOPs only where recomputation is declared; elsewhere HFU is MFU.
         _rule(
             r.hfu,
-            f"sum {run} (rate({select(T.HARDWARE_FLOPS, ts)}[{w}]) and {peak})\n/\nsum {run} ({peak})",
+            f"(\n  sum {run} (rate({select(T.HARDWARE_FLOPS, ts)}[{w}]) and {peak})\n"
+            f"  or\n  sum {run} ({model_rate})\n)\n/\nsum {run} ({peak})",
         ),
         _rule(
             r.rank_step_mean, f"sum {rank} (rate({step_sum}[{w}]))\n/\nsum {rank} (rate({step_count}[{w}]))"
@@ -158,11 +229,8 @@ def _training_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
             f"quantile {run} (0.5, {r.rank_step_mean})",
         ),
         *(
-            _rule(
-                r.step_quantile(q),
-                f"histogram_quantile({q}, sum by ({', '.join(r.run_key)}, le) (rate({step_bucket}[{w}])))",
-            )
-            for q in (0.5, 0.9)
+            _rule(r.step_quantile(q), f"max {run} ({select(T.STEP_DURATION, ts, eq('quantile', f'{q:g}'))})")
+            for q in T.STEP_QUANTILES
         ),
         _rule(
             r.step_baseline, f"sum {run} (rate({step_sum}[{bw}]))\n/\nsum {run} (rate({step_count}[{bw}]))"
@@ -200,21 +268,64 @@ def _node_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
     ]
 
 
+def _rollup_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
+    """Run and cluster roll-ups: what the scorecard and the cluster-wide panels read over days.
+
+    At 16,384 GPUs a 30-day query over per-rank series reads billions of samples; over these, one
+    series per run or per cluster, it reads thousands (alerts/README.md lists each level's count).
+    """
+    ts, ns, w = cfg.tracker_selector, cfg.node_selector, cfg.rate_window
+    run, cluster = by(r.run_key), by((cfg.cluster_label,))
+    probe_device = by((cfg.cluster_label, "instance", "gpu"))
+    return [
+        _rule(r.productive_total, f"sum {run} ({select(G.PRODUCTIVE_SECONDS, ts)})"),
+        _rule(r.badput_total, f"sum {run} ({select(G.BADPUT_SECONDS, ts)})"),
+        _rule(r.restarts_total, f"max {run} ({select(G.RESTARTS, ts)})"),
+        _rule(r.data_wait_mean, f"avg {run} (rate({select(T.DATA_WAIT, ts)}[{w}]))"),
+        _rule(r.data_wait_worst, f"max {run} (rate({select(T.DATA_WAIT, ts)}[{w}]))"),
+        _rule(r.checkpoint_bytes_rate, f"sum {run} (rate({select(T.CKPT_BYTES, ts)}[{w}]))"),
+        _rule(
+            r.checkpoint_save_rate,
+            f"sum {run} (rate({select(T.CKPT_SAVE_DURATION, ts, suffix='_sum')}[{w}]))",
+        ),
+        _rule(
+            r.xid_new,
+            f"sum {by((cfg.cluster_label, 'action'))} (\n  {growth(select(N.GPU_XID_ERRORS, ns), w)}\n)",
+        ),
+        _rule(r.storage_probe_p99, f"quantile {cluster} (0.99, {r.storage_probe_total})"),
+        _rule(r.probe_peak_median, f"quantile {cluster} (0.5, {select(P.PROBE_MATMUL_PEAK, ns)})"),
+        _rule(
+            r.probe_busbw_median, f"quantile {cluster} (0.5, {select(P.PROBE_ALLREDUCE_BUS_BANDWIDTH, ns)})"
+        ),
+        _rule(
+            r.probe_storage_write_median,
+            f"quantile {cluster} (0.5, {select(P.PROBE_STORAGE_WRITE_BANDWIDTH, ns)})",
+        ),
+        _rule(
+            r.probe_lemons,
+            f"sum {cluster} (max {probe_device} ({select(P.PROBE_DEVICE_LEMON, ns)}))",
+        ),
+    ]
+
+
+_GROUPS = (
+    ("babysitter-training.rules", _training_rules),
+    ("babysitter-node.rules", _node_rules),
+    # Its storage roll-up reads the node group's per-host result (from that group's last evaluation).
+    ("babysitter-rollup.rules", _rollup_rules),
+)
+
+
 def recording_groups(cfg: GenerateConfig) -> list[dict[str, object]]:
     """The ``groups`` of the recording rule file."""
     r = Records(cfg)
-    return [
-        {"name": "babysitter-training.rules", "rules": _training_rules(cfg, r)},
-        {"name": "babysitter-node.rules", "rules": _node_rules(cfg, r)},
-    ]
+    return [{"name": name, "rules": make(cfg, r)} for name, make in _GROUPS]
 
 
 def recording_rules(cfg: GenerateConfig) -> list[tuple[str, str]]:
     """``(record, expr)`` of every recording rule, in file order."""
     r = Records(cfg)
-    return [
-        (str(rule["record"]), str(rule["expr"])) for rule in (*_training_rules(cfg, r), *_node_rules(cfg, r))
-    ]
+    return [(str(rule["record"]), str(rule["expr"])) for _, make in _GROUPS for rule in make(cfg, r)]
 
 
 def _series(spec_name: str, labels: dict[str, str]) -> str:
@@ -236,7 +347,6 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
     def out(record: str, **labels: str) -> str:
         return _series(record, {"cluster": "c1", **labels})
 
-    step_bucket = T.STEP_DURATION.name + "_bucket"
     series = [
         # MFU: ranks 0 and 1 at 50 and 30 FLOP/s of 100 each; rank 2's device has no known peak and must
         # not count on either side of the ratio.
@@ -251,9 +361,13 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
             for number, step_sum in (("0", 60), ("1", 60), ("2", 90))
             for part, per_min in (("sum", step_sum), ("count", 60))
         ),
-        (_series(step_bucket, rank("0", le="0.5")), "0+0x20"),
-        (_series(step_bucket, rank("0", le="1")), "0+60x20"),
-        (_series(step_bucket, rank("0", le="+Inf")), "0+60x20"),
+        # Rank 0's step-time quantiles (the other ranks have none).
+        (_series(T.STEP_DURATION.name, rank("0", quantile="0.5")), "0.75+0x20"),
+        (_series(T.STEP_DURATION.name, rank("0", quantile="0.9")), "0.95+0x20"),
+        # HFU: run r1 declares no recomputation (HFU = MFU); run r3 does (4/3 of its model FLOPs).
+        (_series(T.MODEL_FLOPS.name, {**base, "run": "r3", "rank": "0"}), "0+3000x20"),
+        (_series(T.HARDWARE_FLOPS.name, {**base, "run": "r3", "rank": "0"}), "0+4000x20"),
+        (_series(T.PEAK_FLOPS.name, {**base, "run": "r3", "rank": "0"}), "100+0x20"),
         (_series(T.STEPS.name, rank("0")), "0+60x20"),
         (_series(T.STEPS.name, rank("1")), "0+60x20"),
         (_series(T.LAST_STEP_TIMESTAMP.name, rank("0")), "0+60x20"),
@@ -278,10 +392,61 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
         # Storage probe: 0.5 s write + 0.2 s fsync.
         (_series(S.STORAGE_PROBE_WRITE.name, {**base, "path": "/ckpt"}), "0.5+0x20"),
         (_series(S.STORAGE_PROBE_FSYNC.name, {**base, "path": "/ckpt"}), "0.2+0x20"),
+        # Roll-ups. Rank 0 restarted twice (its counter continues across restarts); ranks 0 and 1
+        # write 600 checkpoint bytes per minute each, blocking 3 s per minute each.
+        (_series(G.RESTARTS.name, rank("0")), "2+0x20"),
+        # Rank 0 waits 15 s of every minute for input, rank 1 45 s.
+        (_series(T.DATA_WAIT.name, rank("0")), "0+15x20"),
+        (_series(T.DATA_WAIT.name, rank("1")), "0+45x20"),
+        *(
+            (_series(name, rank(number)), values)
+            for number in "01"
+            for name, values in (
+                (T.CKPT_BYTES.name, "0+600x20"),
+                (f"{T.CKPT_SAVE_DURATION.name}_sum", "0+3x20"),
+            )
+        ),
+        # Xid: one GPU's reset_gpu counter goes 1 -> 2 at minute 8; another GPU's first restart_app Xid
+        # (its series born at 1) at minute 7. Both are new in the last 5 minutes at minute 10.
+        (
+            _series(N.GPU_XID_ERRORS.name, {**base, "gpu": "0", "xid": "79", "action": "reset_gpu"}),
+            "1+0x7 2+0x12",
+        ),
+        (
+            _series(N.GPU_XID_ERRORS.name, {**base, "gpu": "1", "xid": "13", "action": "restart_app"}),
+            "_x7 1+0x12",
+        ),
+        # Probe: two devices at 0.7 and 0.9 of peak, one of them a lemon; two hosts' all-reduce and
+        # checkpoint-write bandwidth.
+        *(
+            item
+            for gpu, peak_ratio, lemon in (("0", "0.7", "1"), ("1", "0.9", "0"))
+            for item in (
+                (
+                    _series(P.PROBE_MATMUL_PEAK.name, {**base, "gpu": gpu, "dtype": "bf16"}),
+                    f"{peak_ratio}+0x20",
+                ),
+                (
+                    _series(P.PROBE_DEVICE_LEMON.name, {**base, "gpu": gpu, "check": "matmul"}),
+                    f"{lemon}+0x20",
+                ),
+            )
+        ),
+        *(
+            item
+            for host, busbw, write in (("n1:9400", "100", "10"), ("n2:9400", "300", "30"))
+            for item in (
+                (_series(P.PROBE_ALLREDUCE_BUS_BANDWIDTH.name, {**base, "instance": host}), f"{busbw}+0x20"),
+                (_series(P.PROBE_STORAGE_WRITE_BANDWIDTH.name, {**base, "instance": host}), f"{write}+0x20"),
+            )
+        ),
     ]
     at = "10m"
     cases: list[tuple[str, list[tuple[str, float]]]] = [
-        (r.mfu, [(out(r.mfu, run="r1"), 0.4), (out(r.mfu, run="r2"), 0.1)]),
+        (
+            r.mfu,
+            [(out(r.mfu, run="r1"), 0.4), (out(r.mfu, run="r2"), 0.1), (out(r.mfu, run="r3"), 0.5)],
+        ),
         (r.tokens_rate, [(out(r.tokens_rate, run="r2"), 2.0)]),
         (
             r.rank_step_mean,
@@ -291,7 +456,14 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
             r.rank_step_ratio,
             [(out(r.rank_step_ratio, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))],
         ),
-        # Linear interpolation inside the (0.5, 1] bucket: 0.5 + 0.5 x 0.5.
+        (
+            r.hfu,
+            [
+                (out(r.hfu, run="r1"), 0.4),
+                (out(r.hfu, run="r2"), 0.1),
+                (out(r.hfu, run="r3"), 4000 / 60 / 100),
+            ],
+        ),
         (r.step_quantile(0.5), [(out(r.step_quantile(0.5), run="r1"), 0.75)]),
         (r.step_quantile(0.9), [(out(r.step_quantile(0.9), run="r1"), 0.95)]),
         (r.last_step, [(out(r.last_step, run="r1"), 600.0)]),
@@ -302,6 +474,22 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
             r.storage_probe_total,
             [(_series(r.storage_probe_total, {**base, "path": "/ckpt"}), 0.7)],
         ),
+        (r.productive_total, [(out(r.productive_total, run="r1"), 480.0)]),
+        (r.badput_total, [(out(r.badput_total, run="r1"), 120.0)]),
+        (r.restarts_total, [(out(r.restarts_total, run="r1"), 2.0)]),
+        (r.data_wait_mean, [(out(r.data_wait_mean, run="r1"), 0.5)]),
+        (r.data_wait_worst, [(out(r.data_wait_worst, run="r1"), 0.75)]),
+        (r.checkpoint_bytes_rate, [(out(r.checkpoint_bytes_rate, run="r1"), 20.0)]),
+        (r.checkpoint_save_rate, [(out(r.checkpoint_save_rate, run="r1"), 0.1)]),
+        (
+            r.xid_new,
+            [(out(r.xid_new, action="reset_gpu"), 1.0), (out(r.xid_new, action="restart_app"), 1.0)],
+        ),
+        (r.storage_probe_p99, [(out(r.storage_probe_p99), 0.7)]),
+        (r.probe_peak_median, [(out(r.probe_peak_median), 0.8)]),
+        (r.probe_lemons, [(out(r.probe_lemons), 1.0)]),
+        (r.probe_busbw_median, [(out(r.probe_busbw_median), 200.0)]),
+        (r.probe_storage_write_median, [(out(r.probe_storage_write_median), 20.0)]),
     ]
     return {
         "evaluation_interval": "1m",

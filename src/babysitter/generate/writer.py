@@ -18,14 +18,17 @@ from pathlib import Path
 from babysitter.generate.alerts import alert_groups, alerts, test_file
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.dashboards import dashboards
+from babysitter.generate.distributed import agent_config, budget_comment, mimir_rules
 from babysitter.generate.metrics_doc import render_metrics_doc
 from babysitter.generate.rules import recording_groups, recording_tests
 from babysitter.generate.yamlout import dump
 
 __all__ = [
+    "AGENT_CONFIG",
     "ALERT_RULES",
     "ALERT_TESTS_DIR",
     "DASHBOARDS_DIR",
+    "MIMIR_RULES",
     "RECORDING_RULES",
     "RUNBOOKS_DIR",
     "Stale",
@@ -41,6 +44,9 @@ ALERT_TESTS_DIR = "alerts/tests"
 RUNBOOKS_DIR = "docs/runbooks"
 METRICS_DOC = "docs/metrics.md"
 RUNBOOK_INDEX = f"{RUNBOOKS_DIR}/README.md"
+#: The per-rack Prometheus agent's configuration and the rules in mimirtool's namespace format.
+AGENT_CONFIG = "exporters/prometheus-agent.yml"
+MIMIR_RULES = "exporters/central/mimir-rules.yaml"
 #: promtool test of the recording rules; its name cannot clash with an alert's (alerts are CamelCase).
 RECORDING_RULES_TEST = f"{ALERT_TESTS_DIR}/recording-rules.yaml"
 
@@ -96,6 +102,21 @@ def render(cfg: GenerateConfig) -> dict[str, str]:
             )
         rules_test = {"rule_files": rule_files[:1], **recording_tests(cfg)}
         files[RECORDING_RULES_TEST] = _yaml(rules_test, ("Recording rules: one hand-computed result each.",))
+    files[AGENT_CONFIG] = _yaml(
+        agent_config(cfg),
+        (
+            "Per-rack Prometheus in agent mode (prometheus --enable-feature=agent,expand-external-labels):",
+            "scrapes its racks' node agents, drops what no central rule, alert, dashboard or query reads,",
+            "and remote-writes the rest. Set CLUSTER and RACK in its environment, list the racks' hosts in",
+            "/etc/prometheus/babysitter-nodes/*.json, and point remote_write at your central tier",
+            "(exporters/README.md). Check with: promtool check config --agent prometheus-agent.yml",
+            *budget_comment(),
+        ),
+    )
+    files[MIMIR_RULES] = _yaml(
+        mimir_rules(cfg),
+        ("The recording and alert rules for Mimir's ruler: mimirtool rules load mimir-rules.yaml",),
+    )
     files[METRICS_DOC] = render_metrics_doc(cfg)
     files[RUNBOOK_INDEX] = _runbook_index(cfg)
     return dict(sorted(files.items()))

@@ -1,8 +1,14 @@
-"""The scorecard's PromQL, built from the catalog (no metric name is spelled here).
+"""The scorecard's PromQL, built from the catalog and the recording rules (no metric name is spelled here).
 
 Every expression is an instant query evaluated at the end of the window and grouped by the cluster
 (or provider) label, so the numbers of clusters of any size are comparable: ratios, rates per 1000
 GPU-hours, bytes per second.
+
+Over 30 days a query over raw per-rank series reads billions of samples at 16,384 GPUs; these read
+the run- and cluster-level recording rules of ``alerts/babysitter-rules.yaml`` (one series per run or
+per cluster) through subqueries at ``step`` resolution, so a 30-day scorecard touches thousands of
+samples per run. The rules must be loaded where the scorecard queries (Prometheus, or the central
+tier's ruler), generated with the same rate window and with ``--by`` as their cluster label.
 """
 
 from __future__ import annotations
@@ -10,12 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from babysitter.catalog import goodput as G
-from babysitter.catalog import node as N
-from babysitter.catalog import probe as P
-from babysitter.catalog import storage as S
-from babysitter.catalog import train as T
-from babysitter.catalog._spec import MetricSpec
+from babysitter.generate.config import GenerateConfig
+from babysitter.generate.rules import Records
 
 __all__ = ["QuerySet", "duration_seconds"]
 
@@ -32,10 +34,6 @@ def duration_seconds(text: str) -> int:
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 
-def _sel(spec: MetricSpec, matchers: str, suffix: str = "") -> str:
-    return f"{spec.name}{suffix}{{{matchers}}}" if matchers else f"{spec.name}{suffix}"
-
-
 def _join(*parts: str) -> str:
     return ", ".join(p.strip() for p in parts if p and p.strip())
 
@@ -48,8 +46,11 @@ class QuerySet:
     by: str = "cluster"
     #: Extra matchers for the MFU comparison: the label(s) that name the model config, e.g.
     #: ``model="llama3-8b", seq_len="8192"`` (MFU is only comparable for the same model and shape).
+    #: They match the run-level rules, which keep such labels when generated with them in
+    #: ``GenerateConfig.run_labels``.
     mfu_match: str = ""
-    #: Extra matchers on every tracker / node agent series (e.g. a job label).
+    #: Extra matchers on the training / node roll-up rules (their labels: the cluster label, ``run``
+    #: and the run labels on run-level rules).
     tracker_selector: str = ""
     node_selector: str = ""
     #: Rate window of the MFU points (at least 4 scrape intervals) and subquery resolution.
@@ -71,91 +72,94 @@ class QuerySet:
         """Subquery resolution in seconds."""
         return duration_seconds(self.step)
 
+    @property
+    def rules(self) -> Records:
+        """The recording rules read, named as ``babysitter generate`` names them for this rate window."""
+        return Records(GenerateConfig(cluster_label=self.by, rate_window=self.rate_window))
+
     def _per(self, *extra: str) -> str:
         return f"by ({', '.join((self.by, *extra))})"
 
-    def _new_or_increase(self, selector: str) -> str:
-        """Counter growth over the window per series, counting the first value of series born in it
-        (the agent creates an Xid series at its first error, at 1, which ``increase()`` never sees)."""
-        w = self.window
-        born = f"(min_over_time({selector}[{w}]) unless {selector} offset {w})"
-        grown = f"increase({selector}[{w}])"
-        return f"(({grown} + {born}) or {grown} or {born})"
+    def _rule(self, record: str, *matchers: str) -> str:
+        inner = _join(*matchers)
+        return f"{record}{{{inner}}}" if inner else record
+
+    def _over(self, fn: str, selector: str, *args: str, step: str = "") -> str:
+        """``fn`` over the window of a rule series, sampled every ``step`` (a subquery)."""
+        return f"{fn}({''.join(f'{a}, ' for a in args)}{selector}[{self.window}:{step or self.step}])"
 
     def mfu(self) -> str:
-        """Median over runs of each run's median MFU in the window (only ranks with a known peak);
-        every rank's FLOP counter is its share of its replica's, so the sum is the run's under any
-        tensor/pipeline/context parallel layout."""
-        ts = _join(self.tracker_selector, self.mfu_match)
-        peak = _sel(T.PEAK_FLOPS, ts)
-        run = self._per("run")
-        per_run = (
-            f"sum {run} (rate({_sel(T.MODEL_FLOPS, ts)}[{self.rate_window}]) and {peak}) / sum {run} ({peak})"
-        )
-        return (
-            f"quantile {self._per()} (0.5, quantile_over_time(0.5, ({per_run})[{self.window}:{self.step}]))"
-        )
+        """Median over runs of each run's median MFU in the window (the run rule counts only ranks with
+        a known peak; every rank's FLOP counter is its share of its replica's, so the run's MFU holds
+        under any tensor/pipeline/context parallel layout)."""
+        mfu = self._rule(self.rules.mfu, self.tracker_selector, self.mfu_match)
+        return f"quantile {self._per()} (0.5, {self._over('quantile_over_time', mfu, '0.5')})"
+
+    def _counter(self, record: str) -> str:
+        """Growth over the window of a run-level counter roll-up, summed per cluster."""
+        return f"sum {self._per()} ({self._over('increase', self._rule(record, self.tracker_selector))})"
+
+    def _integral(self, record: str, selector: str) -> str:
+        """The integral over the window of a per-second rate rule, summed per cluster."""
+        rule = self._rule(record, selector)
+        return f"(sum {self._per()} ({self._over('sum_over_time', rule)}) * {self.step_seconds})"
 
     def goodput(self) -> str:
         """Productive over productive + badput seconds of all runs in the window."""
-        ts, w, per = self.tracker_selector, self.window, self._per()
-        productive = f"sum {per} (increase({_sel(G.PRODUCTIVE_SECONDS, ts)}[{w}]))"
-        badput = f"sum {per} (increase({_sel(G.BADPUT_SECONDS, ts)}[{w}]))"
+        productive = self._counter(self.rules.productive_total)
+        badput = self._counter(self.rules.badput_total)
         return f"{productive} / ({productive} + {badput})"
 
-    def _hours(self, selector: str) -> str:
-        inner = f"count {self._per()} ({selector})"
-        return f"(sum_over_time(({inner})[{self.window}:{self.step}]) * {self.step_seconds} / 3600)"
+    def _hours(self, record: str, selector: str) -> str:
+        return f"({self._integral(record, selector)} / 3600)"
 
     def gpu_hours(self) -> str:
         """GPU-hours the node agents saw (GPUs reporting, integrated over the window)."""
-        return self._hours(_sel(N.GPU_UP, self.node_selector))
+        return self._hours(self.rules.cluster_gpus, self.node_selector)
 
     def rank_hours(self) -> str:
         """Training rank-hours (a rank drives one GPU): the exposure of runs to interruptions."""
-        return self._hours(_sel(T.STEPS, self.tracker_selector))
+        return self._hours(self.rules.cluster_ranks, self.tracker_selector)
 
     def restarts(self) -> str:
-        """Restarts of all runs in the window (rank 0 of a run exports its restart counter)."""
-        return f"sum {self._per()} (increase({_sel(G.RESTARTS, self.tracker_selector)}[{self.window}]))"
+        """Restarts of all runs in the window (from each run's restart counter, across hosts)."""
+        return self._counter(self.rules.restarts_total)
 
     def xid_errors(self) -> str:
-        """Xid errors in the window by action bucket."""
-        return (
-            f"sum {self._per('action')} ({self._new_or_increase(_sel(N.GPU_XID_ERRORS, self.node_selector))})"
-        )
+        """Xid errors in the window by action bucket (the rule counts the first error of a new series).
+
+        The rule counts the errors of the last rate window, so it is read once per rate window: its
+        values then cover the window without overlap."""
+        rule = self._rule(self.rules.xid_new, self.node_selector)
+        return f"sum {self._per('action')} ({self._over('sum_over_time', rule, step=self.rate_window)})"
 
     def checkpoint_bandwidth(self) -> str:
-        """Checkpoint bytes written over the blocking save time, per rank."""
-        ts, w, per = self.tracker_selector, self.window, self._per()
-        return (
-            f"sum {per} (increase({_sel(T.CKPT_BYTES, ts)}[{w}]))"
-            f" / sum {per} (increase({_sel(T.CKPT_SAVE_DURATION, ts, '_sum')}[{w}]))"
-        )
+        """Checkpoint bytes written over the blocking save time, all ranks of all runs."""
+        written = self._integral(self.rules.checkpoint_bytes_rate, self.tracker_selector)
+        blocked = self._integral(self.rules.checkpoint_save_rate, self.tracker_selector)
+        return f"{written} / {blocked}"
 
     def storage_p99(self) -> str:
-        """p99 over hosts of each host's p99 write + fsync time of the agent's storage probe."""
-        ns = self.node_selector
-        total = f"({_sel(S.STORAGE_PROBE_WRITE, ns)} + {_sel(S.STORAGE_PROBE_FSYNC, ns)})"
-        return f"quantile {self._per()} (0.99, quantile_over_time(0.99, {total}[{self.window}:{self.step}]))"
+        """p99 over the window of the p99 over hosts of the storage probe's write + fsync time."""
+        rule = self._rule(self.rules.storage_probe_p99, self.node_selector)
+        return f"max {self._per()} ({self._over('quantile_over_time', rule, '0.99')})"
+
+    def _last(self, record: str) -> str:
+        rule = self._rule(record, self.node_selector)
+        return f"max {self._per()} ({self._over('last_over_time', rule)})"
 
     def probe_peak_ratio(self) -> str:
         """Median over devices of the last probe's matmul throughput over peak."""
-        sel = _sel(P.PROBE_MATMUL_PEAK, self.node_selector)
-        return f"quantile {self._per()} (0.5, last_over_time({sel}[{self.window}]))"
+        return self._last(self.rules.probe_peak_median)
 
     def probe_busbw(self) -> str:
         """Median all-reduce bus bandwidth of the probes in the window."""
-        sel = _sel(P.PROBE_ALLREDUCE_BUS_BANDWIDTH, self.node_selector)
-        return f"quantile {self._per()} (0.5, last_over_time({sel}[{self.window}]))"
+        return self._last(self.rules.probe_busbw_median)
 
     def probe_storage_write(self) -> str:
         """Median checkpoint-sized write bandwidth of the probes in the window."""
-        sel = _sel(P.PROBE_STORAGE_WRITE_BANDWIDTH, self.node_selector)
-        return f"quantile {self._per()} (0.5, last_over_time({sel}[{self.window}]))"
+        return self._last(self.rules.probe_storage_write_median)
 
     def probe_lemons(self) -> str:
         """Devices the last probes flagged as lemons (any check)."""
-        sel = _sel(P.PROBE_DEVICE_LEMON, self.node_selector)
-        per_device = f"max by ({self.by}, instance, gpu) (last_over_time({sel}[{self.window}]))"
-        return f"sum {self._per()} ({per_device})"
+        return self._last(self.rules.probe_lemons)

@@ -2,14 +2,19 @@
 
 Nothing here runs on the training thread: the collector asks the tracker for a snapshot (which folds
 the step ring) and turns it into families named by the catalog.
+
+Each rank exports what the catalog says it does (``MetricSpec.ranks``): the per-rank series every
+rank, the run's view (global step, loss, MFU gauge, timestamps, step-time quantiles) rank 0 alone.
+That keeps a rank within the series budget of :mod:`babysitter.catalog.budget`.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 
 from babysitter.catalog import selfmon as S
 from babysitter.catalog import train as T
@@ -20,15 +25,24 @@ from babysitter.training.tracker import Tracker, TrackerSnapshot
 __all__ = ["TrackerCollector"]
 
 
-def _histogram(spec: MetricSpec, names: list[str], values: list[str], snap: HistogramSnapshot) -> Metric:
-    family = HistogramMetricFamily(spec.name, spec.help, labels=names)
-    buckets = [(_le(bound), float(count)) for bound, count in snap.buckets]
-    family.add_metric(values, buckets, snap.sum)
+def _summary(
+    spec: MetricSpec,
+    names: list[str],
+    values: list[str],
+    snap: HistogramSnapshot,
+    recent: Sequence[float] = (),
+) -> Metric:
+    """A summary: ``_sum`` and ``_count``, plus the spec's quantiles of ``recent`` when given."""
+    family = spec.family()
+    labels = dict(zip(names, values, strict=True))
+    if recent:
+        ordered = sorted(recent)
+        for q in spec.quantiles:
+            value = ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+            family.samples.append(Sample(spec.name, {**labels, "quantile": f"{q:g}"}, value))
+    family.samples.append(Sample(f"{spec.name}_sum", labels, float(snap.sum)))
+    family.samples.append(Sample(f"{spec.name}_count", labels, float(snap.count)))
     return family
-
-
-def _le(bound: float) -> str:
-    return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
 class TrackerCollector:
@@ -41,6 +55,9 @@ class TrackerCollector:
         config = tracker.config
         self._names = ["run", "rank", *config.labels]
         self._values = [config.run, str(config.rank.rank), *config.labels.values()]
+        self._rank0 = config.rank.rank == 0
+        # Without declared recomputation hardware FLOPs are model FLOPs: HFU would repeat MFU.
+        self._hfu = config.flops.hardware is not None and config.flops.hardware != config.flops.model
         self.port = port
         self.requested_port = requested_port
 
@@ -61,8 +78,10 @@ class TrackerCollector:
     def _families(self, s: TrackerSnapshot) -> Iterator[Metric]:
         names, values = self._names, self._values
 
+        rank0 = self._rank0
+
         def one(spec: MetricSpec, value: float | None) -> Iterator[Metric]:
-            if value is None:
+            if value is None or (spec.ranks == "rank0" and not rank0):
                 return
             family = spec.family(names)
             family.add_metric(values, float(value))  # type: ignore[attr-defined]
@@ -70,26 +89,27 @@ class TrackerCollector:
 
         yield from one(T.STEPS, s.steps)
         yield from one(T.STEP, s.step)
-        yield _histogram(T.STEP_DURATION, names, values, s.step_duration)
+        recent = s.recent_steps if rank0 else ()
+        yield _summary(T.STEP_DURATION, names, values, s.step_duration, recent)
         yield from one(T.LAST_STEP_TIMESTAMP, s.last_step_time)
         yield from one(T.TOKENS, s.tokens)
-        yield from one(T.SAMPLES, s.samples)
-        yield from one(T.TOKENS_PER_SECOND, s.tokens_per_second)
+        yield from one(T.SAMPLES, s.samples or None)
         yield from one(T.MODEL_FLOPS, s.model_flops)
-        yield from one(T.HARDWARE_FLOPS, s.hardware_flops)
         yield from one(T.PEAK_FLOPS, s.peak_flops)
         yield from one(T.MFU, s.mfu)
-        yield from one(T.HFU, s.hfu)
+        if self._hfu:
+            yield from one(T.HARDWARE_FLOPS, s.hardware_flops)
+            yield from one(T.HFU, s.hfu)
         yield from one(T.DATA_WAIT, s.data_wait_seconds)
-        if s.phase_seconds:
+        if s.phase_seconds and rank0:
             phases = T.PHASE_SECONDS.family(names)
             for phase, seconds in sorted(s.phase_seconds.items()):
                 phases.add_metric([*values, phase], seconds)  # type: ignore[attr-defined]
             yield phases
         if s.checkpoint_save is not None:
-            yield _histogram(T.CKPT_SAVE_DURATION, names, values, s.checkpoint_save)
+            yield _summary(T.CKPT_SAVE_DURATION, names, values, s.checkpoint_save)
         if s.checkpoint_load is not None:
-            yield _histogram(T.CKPT_LOAD_DURATION, names, values, s.checkpoint_load)
+            yield _summary(T.CKPT_LOAD_DURATION, names, values, s.checkpoint_load)
         yield from one(T.CKPT_BYTES, s.checkpoint_bytes)
         yield from one(T.CKPT_LAST_SUCCESS, s.checkpoint_last_success)
         yield from one(T.CKPT_FAILURES, s.checkpoint_failures)
@@ -110,12 +130,8 @@ class TrackerCollector:
         for reason, count in sorted(self._tracker.rejected.counts().items()):
             rejected.add_metric([*values, reason], float(count))  # type: ignore[attr-defined]
         yield rejected
-        if self.port is not None:
+        fallback = self.requested_port not in (None, 0) and self.port != self.requested_port
+        if self.port is not None and fallback:
             port = GaugeMetricFamily(S.EXPORTER_PORT.name, S.EXPORTER_PORT.help, labels=[*names, "requested"])
             port.add_metric([*values, str(self.requested_port)], float(self.port))
             yield port
-        build = S.BUILD_INFO.family(names)
-        build.add_metric(  # type: ignore[attr-defined]
-            values, {"version": self._tracker.info()["version"], "python": sys.version.split()[0]}
-        )
-        yield build

@@ -3,7 +3,9 @@
 The metrics are exactly the ones ``/metrics`` serves: every push collects the tracker's Prometheus
 registry (the same families, names and labels) and converts them to OpenTelemetry's data model -
 counters to cumulative monotonic sums named like the Prometheus sample (``train_steps_total``),
-gauges and info metrics (value 1) to gauges, histograms to explicit-bucket histograms - then sends
+gauges and info metrics (value 1) to gauges, histograms to explicit-bucket histograms, summaries
+to cumulative ``_sum``/``_count`` sums plus a gauge per quantile (the Python SDK has no summary
+type) - then sends
 them with opentelemetry-sdk's OTLP/HTTP exporter (protobuf). One path renders both exports, so they
 cannot drift apart.
 
@@ -81,7 +83,10 @@ def families_to_metrics_data(
             )
             by_name.setdefault(sample.name, []).append(point)
         for name, points in by_name.items():
-            if family.type == "counter" and name.endswith("_total"):
+            cumulative_sample = (family.type == "counter" and name.endswith("_total")) or (
+                family.type == "summary" and name.endswith(("_sum", "_count"))
+            )
+            if cumulative_sample:
                 data: Any = Sum(data_points=points, aggregation_temporality=cumulative, is_monotonic=True)
             else:
                 data = Gauge(data_points=points)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -61,6 +63,8 @@ class TrackerSnapshot:
     data_wait_seconds: float
     phase_seconds: dict[str, float]
     step_duration: HistogramSnapshot
+    #: The durations of the most recent steps, oldest first (rank 0's step-time quantiles).
+    recent_steps: tuple[float, ...]
     checkpoint_save: HistogramSnapshot | None
     checkpoint_load: HistogramSnapshot | None
     checkpoint_bytes: int
@@ -181,7 +185,9 @@ class Tracker:
         self._fold_tokens = 0
         self._fold_data_wait_ns = 0
         self._fold_stall_ns = 0
-        self._step_hist = Histogram(T.STEP_BUCKETS)
+        # Sum and count only (quantiles come from the recent steps); see catalog.train.STEP_QUANTILES.
+        self._step_hist = Histogram(())
+        self._recent_steps: deque[float] = deque(maxlen=T.STEP_QUANTILE_STEPS)
         self._save_hist: Histogram | None = None
         self._load_hist: Histogram | None = None
         self._ckpt_bytes = 0
@@ -383,7 +389,7 @@ class Tracker:
             with self._lock:
                 if handle.kind == "save":
                     if self._save_hist is None:
-                        self._save_hist = Histogram(T.CHECKPOINT_BUCKETS)
+                        self._save_hist = Histogram(())
                     self._save_hist.observe(seconds)
                     if ok:
                         self._ckpt_bytes += nbytes or 0
@@ -392,7 +398,7 @@ class Tracker:
                         self._ckpt_failures += 1
                 else:
                     if self._load_hist is None:
-                        self._load_hist = Histogram(T.CHECKPOINT_BUCKETS)
+                        self._load_hist = Histogram(())
                     self._load_hist.observe(seconds)
             if handle.kind == "load" and ok:
                 self._step = handle.step
@@ -461,7 +467,9 @@ class Tracker:
             if self._timer is None and i > oldest:
                 k = (i - 1) & _MASK
                 active_ns = (r_t[j] - r_t[k]) - (r_pause[j] - r_pause[k])
-                self._step_hist.observe(max(active_ns, 0) / 1e9)
+                seconds = max(active_ns, 0) / 1e9
+                self._step_hist.observe(seconds)
+                self._recent_steps.append(seconds)
             boundaries.append((r_step[j], self._wall(r_t[j])))
             waits.append((r_wait[j] - stall) / 1e9)
             stall = r_wait[j]
@@ -469,6 +477,7 @@ class Tracker:
         if self._timer is not None:
             for seconds in self._timer.drain():
                 self._step_hist.observe(seconds)
+                self._recent_steps.append(seconds)
         tokens = self._r_tok[(n - 1) & _MASK] if n else 0
         data_wait_ns = self._data_wait_ns
         if boundaries:
@@ -561,6 +570,7 @@ class Tracker:
                 data_wait_seconds=self._data_wait_ns / 1e9,
                 phase_seconds={k: v / 1e9 for k, v in self._phase_ns.items()},
                 step_duration=self._step_hist.snapshot(),
+                recent_steps=tuple(self._recent_steps),
                 checkpoint_save=self._save_hist.snapshot() if self._save_hist else None,
                 checkpoint_load=self._load_hist.snapshot() if self._load_hist else None,
                 checkpoint_bytes=self._ckpt_bytes,
@@ -579,6 +589,7 @@ class Tracker:
         config = self.config
         return {
             "version": __version__,
+            "python": sys.version.split()[0],
             "device": config.peak.device,
             "peak_dtype": config.peak.dtype,
             "world_size": str(config.rank.world_size),

@@ -223,10 +223,12 @@ class Watchdog:
         """Metric families for the tracker's scrape (a tracker metrics source)."""
         hangs = R.HANGS.family(label_names)
         hangs.add_metric(label_values, float(self.hangs))  # type: ignore[attr-defined]
-        threshold = R.HANG_THRESHOLD.family(label_names)
-        threshold.add_metric(label_values, self._threshold)  # type: ignore[attr-defined]
         stalled = R.STALLED_SECONDS.family(label_names)
         stalled.add_metric(label_values, self._stalled)  # type: ignore[attr-defined]
+        if self.tracker.config.rank.rank != 0:  # the threshold is the run's view (catalog: ranks)
+            return [hangs, stalled]
+        threshold = R.HANG_THRESHOLD.family(label_names)
+        threshold.add_metric(label_values, self._threshold)  # type: ignore[attr-defined]
         return [hangs, threshold, stalled]
 
 

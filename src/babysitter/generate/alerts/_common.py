@@ -65,6 +65,7 @@ def _l(name: str) -> str:
 
 
 _V = "{{ $value | humanize }}"
+_STEP = '{{ $value | printf "%.0f" }}'
 _VD = "{{ $value | humanizeDuration }}"
 _VP = "{{ $value | humanizePercentage }}"
 

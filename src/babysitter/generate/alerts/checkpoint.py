@@ -6,13 +6,14 @@ from __future__ import annotations
 from babysitter.catalog import storage as S
 from babysitter.catalog import train as T
 from babysitter.generate.alerts._common import (
-    _GPU,
+    _STEP,
     _TRAIN,
     _V,
     _VD,
     Alert,
     AlertTest,
     _l,
+    _node_labels,
     _run_labels,
     _series,
     _with,
@@ -138,33 +139,41 @@ def checkpoint_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
-    missing_key = (c, "run", "step")
+    missing_key = (c, "run")
     missing = Alert(
         name="CheckpointMissing",
-        expr=f"max {by(missing_key)} ({select(S.CHECKPOINT_MISSING, ns)}) > 0",
+        # The value is the newest missing step (the sentinel counts missing checkpoints per run and
+        # names the newest, instead of a series per step).
+        expr=(
+            f"max {by(missing_key)} ({select(S.CHECKPOINT_MISSING_STEP, ns)})\n"
+            f"and on ({', '.join(missing_key)})\n"
+            f"max {by(missing_key)} ({select(S.CHECKPOINT_MISSING, ns)}) > 0"
+        ),
         severity="critical",
         component="checkpoint",
-        summary=f"Checkpoint of step {_l('step')} of run {_l('run')} is missing.",
+        summary=f"Checkpoint of step {_STEP} of run {_l('run')} is missing.",
         description=(
             f"The ledger of run {_l('run')} on cluster {_l(c)} records a completed checkpoint of step "
-            f"{_l('step')}, but the sentinel finds it missing or of the wrong size. A restart from it "
-            f"would fail; the last good checkpoint is older."
+            f"{_STEP}, but the sentinel finds it missing or of the wrong size (and maybe older ones: see "
+            f"{S.CHECKPOINT_MISSING.name}). A restart from it would fail; the last good checkpoint is older."
         ),
         for_=cfg.checkpoint_missing_for,
         test=AlertTest(
             series=(
-                (_series(S.CHECKPOINT_MISSING, _with(_GPU, run="r1", step="4000")), "0+0x5 1+0x20"),
-                (_series(S.CHECKPOINT_MISSING, _with(_GPU, run="r1", step="3000")), "0+0x25"),
+                (_series(S.CHECKPOINT_MISSING, _with(_node_labels(), run="r1")), "0+0x5 1+0x20"),
+                (_series(S.CHECKPOINT_MISSING_STEP, _with(_node_labels(), run="r1")), "_x5 4000+0x20"),
+                (_series(S.CHECKPOINT_MISSING, _with(_node_labels(), run="r2")), "0+0x25"),
             ),
             quiet=(("5m", "present"), ("7m", "before for:")),
             fire_at="10m",
-            fire_labels=({"cluster": "c1", "run": "r1", "step": "4000"},),
+            fire_labels=({"cluster": "c1", "run": "r1"},),
             fire_text=(
                 (
                     "Checkpoint of step 4000 of run r1 is missing.",
                     "The ledger of run r1 on cluster c1 records a completed checkpoint of step 4000, but the "
-                    "sentinel finds it missing or of the wrong size. A restart from it would fail; the last "
-                    "good checkpoint is older.",
+                    "sentinel finds it missing or of the wrong size (and maybe older ones: see "
+                    f"{S.CHECKPOINT_MISSING.name}). A restart from it would fail; the last good checkpoint "
+                    "is older.",
                 ),
             ),
         ),

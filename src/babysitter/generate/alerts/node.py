@@ -1,5 +1,5 @@
-"""Node alerts: the storage probe, the agent's collectors and Xid sources, the agent itself, and the
-trainer endpoints it fetches (a group of their own)."""
+"""Node alerts: the storage probe, the agent's collectors and Xid sources, the agent itself, a rack whose
+metrics stop arriving, and the trainer endpoints the agent fetches (a group of their own)."""
 
 from __future__ import annotations
 
@@ -205,7 +205,52 @@ def node_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
-    return [storage_slow, storage_failing, collector_failing, xid_blind, agent_down]
+    rk = cfg.rack_label
+    rack_key = by((c, rk))
+    node_up = f"up{{{cfg.node_up_selector}}}"
+    rack_labels = {"cluster": "c1", rk: "r07", "instance": "n1:9400", "job": "babysitter-node"}
+    rack_silent = Alert(
+        name="RackMetricsMissing",
+        # Remote write sends no staleness marker when the sender dies: the rack's series just stop,
+        # so no target-down alert can fire for it. Its hosts' ``up`` series, remembered over the
+        # lookback, tell the rack that went silent.
+        expr=(
+            f"group {rack_key} (max_over_time({node_up}[{cfg.rack_lookback_window}]))\nunless\n"
+            f"group {rack_key} (max_over_time({node_up}[{cfg.rack_silent_window}]))"
+        ),
+        severity="critical",
+        component="node",
+        summary=f"No metrics arrive from rack {_l(rk)}.",
+        description=(
+            f"No series of rack {_l(rk)} (cluster {_l(c)}) reached this Prometheus for "
+            f"{cfg.rack_silent_window}: the rack's agent Prometheus died, cannot reach the central tier, "
+            f"or the whole rack is down. Every alert about its hosts and ranks is blind meanwhile."
+        ),
+        for_=cfg.rack_silent_for,
+        test=AlertTest(
+            series=(
+                (_up_series(rack_labels), "1+0x10"),
+                (_up_series(_with(rack_labels, instance="n2:9400")), "1+0x10"),
+                (_up_series(_with(rack_labels, **{rk: "r08"})), "1+0x30"),
+            ),
+            quiet=(
+                ("10m", "metrics arrive"),
+                ("13m", "silent for less than the window"),
+                ("14m", "before for:"),
+            ),
+            fire_at="16m",
+            fire_labels=({"cluster": "c1", rk: "r07"},),
+            fire_text=(
+                (
+                    "No metrics arrive from rack r07.",
+                    "No series of rack r07 (cluster c1) reached this Prometheus for 3m: the rack's agent "
+                    "Prometheus died, cannot reach the central tier, or the whole rack is down. Every alert "
+                    "about its hosts and ranks is blind meanwhile.",
+                ),
+            ),
+        ),
+    )
+    return [storage_slow, storage_failing, collector_failing, xid_blind, agent_down, rack_silent]
 
 
 def trainer_fetch_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:

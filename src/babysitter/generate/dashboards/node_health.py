@@ -158,9 +158,10 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             "Storage probe up and errors",
             (
                 Target(select(S.STORAGE_PROBE_UP, h), "{{instance}} {{path}} up"),
+                # A reason's series appears with its first failure: count that one too.
                 Target(
                     f"sum by (instance, path, reason) "
-                    f"(increase({select(S.STORAGE_PROBE_ERRORS, h)}[{ri}])) > 0",
+                    f"({new_or_increased(select(S.STORAGE_PROBE_ERRORS, h), ri)})",
                     "{{instance}} {{path}} {{reason}}",
                 ),
             ),
@@ -177,10 +178,14 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
         ),
         Panel(
             "Missing checkpoints",
-            (Target(f"{select(S.CHECKPOINT_MISSING, h)} > 0", "{{run}} step {{step}}"),),
+            (
+                Target(f"{select(S.CHECKPOINT_MISSING, h)} > 0", "{{run}} missing"),
+                Target(select(S.CHECKPOINT_MISSING_STEP, h), "{{run}} newest missing step"),
+            ),
             min=0,
             width=8,
-            description="Checkpoints the ledger says completed that are gone from disk.",
+            description="How many of a run's last checkpoints the ledger says completed are gone from disk, "
+            "and the newest of them.",
         ),
         Panel(
             "Newest verified checkpoint age",

@@ -1,18 +1,17 @@
 """Cluster scorecard, the "hardware lottery": the same numbers for every cluster (provider), side by side.
 
 Everything is normalized (ratios, per 1000 GPU-hours, bytes per second) so a 64-GPU cluster and a
-4096-GPU cluster compare fairly over the dashboard's time range.
+4096-GPU cluster compare fairly over the dashboard's time range. Every query reads run- or
+cluster-level recording rules (through subqueries at the rate window's resolution), never per-rank
+series: over 30 days at 16,384 GPUs those would be billions of samples.
 """
 
 from __future__ import annotations
 
-from babysitter.catalog import goodput as G
-from babysitter.catalog import node as N
-from babysitter.catalog import train as T
-from babysitter.generate.config import GenerateConfig
+from babysitter.generate.config import GenerateConfig, parse_duration
 from babysitter.generate.dashboards._builder import Dashboard, Panel, Row, Target, Variable
 from babysitter.generate.dashboards._common import rec, var_matcher
-from babysitter.generate.promql import by, join_matchers, new_or_increased, select
+from babysitter.generate.promql import by
 from babysitter.generate.rules import Records
 
 __all__ = ["FILE_NAME", "dashboard"]
@@ -25,34 +24,36 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
     r = Records(cfg)
     c = cfg.cluster_label
     in_cluster = var_matcher(c, "cluster")
-    tm = join_matchers(cfg.tracker_selector, in_cluster)
-    nm = join_matchers(cfg.node_selector, in_cluster)
     per = by((c,))
     rng = "$__range"
-    hours = "$__range_s / 3600"
+    range_s = "$__range_s"
+    hours = f"{range_s} / 3600"
     mfu = rec(r.mfu, in_cluster)
+    window_s = parse_duration(cfg.rate_window)
 
     def mfu_quantile(q: float) -> str:
         # Quantile over runs of each run's median MFU over the range.
         return f"quantile {per} ({q}, quantile_over_time(0.5, {mfu}[{rng}]))"
 
-    productive = f"sum {per} (increase({select(G.PRODUCTIVE_SECONDS, tm)}[{rng}]))"
-    badput = f"sum {per} (increase({select(G.BADPUT_SECONDS, tm)}[{rng}]))"
+    def grown(record: str) -> str:
+        return f"sum {per} (increase({rec(record, in_cluster)}[{rng}]))"
+
+    def integral(record: str) -> str:
+        # The mean rate over the range times the range (the rule holds per-second rates).
+        return f"sum {per} (avg_over_time({rec(record, in_cluster)}[{rng}]) * {range_s})"
+
+    productive, badput = grown(r.productive_total), grown(r.badput_total)
     goodput = f"{productive} / ({productive} + {badput})"
     rank_hours = f"(avg_over_time({rec(r.cluster_ranks, in_cluster)}[{rng}]) * {hours})"
     gpu_hours = f"(avg_over_time({rec(r.cluster_gpus, in_cluster)}[{rng}]) * {hours})"
-    interruptions = f"1000 * sum {per} (increase({select(G.RESTARTS, tm)}[{rng}])) / {rank_hours}"
+    interruptions = f"1000 * {grown(r.restarts_total)} / {rank_hours}"
+    # The rule counts the Xid errors of each rate window: its mean times the windows in the range.
     xid_rate = (
-        f"1000 * sum {by((c, 'action'))} {new_or_increased(select(N.GPU_XID_ERRORS, nm), rng)}\n"
-        f"/ on ({c}) group_left ()\n{gpu_hours}"
+        f"1000 * sum {by((c, 'action'))} (avg_over_time({rec(r.xid_new, in_cluster)}[{rng}]) * {range_s} "
+        f"/ {window_s})\n/ on ({c}) group_left ()\n{gpu_hours}"
     )
-    bandwidth = (
-        f"sum {per} (increase({select(T.CKPT_BYTES, tm)}[{rng}]))\n/\n"
-        f"sum {per} (increase({select(T.CKPT_SAVE_DURATION, tm, suffix='_sum')}[{rng}]))"
-    )
-    storage_p99 = (
-        f"quantile {per} (0.99, quantile_over_time(0.99, {rec(r.storage_probe_total, in_cluster)}[{rng}]))"
-    )
+    bandwidth = f"{integral(r.checkpoint_bytes_rate)}\n/\n{integral(r.checkpoint_save_rate)}"
+    storage_p99 = f"max {per} (quantile_over_time(0.99, {rec(r.storage_probe_p99, in_cluster)}[{rng}]))"
     columns = (
         ("Value #A", "MFU p50 of runs"),
         ("Value #B", "MFU p10 of runs"),

@@ -68,27 +68,31 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             "collective.",
         ),
         Panel(
-            "In-process MFU by rank",
-            (Target(f"max by ({rank_key}) ({select(T.MFU, m)})", "{{run}} rank {{rank}}"),),
+            "MFU by rank",
+            (
+                Target(
+                    f"sum by ({rank_key}) (rate({select(T.MODEL_FLOPS, m)}[{ri}]))\n/\n"
+                    f"sum by ({rank_key}) ({select(T.PEAK_FLOPS, m)})",
+                    "{{run}} rank {{rank}}",
+                ),
+            ),
             unit="percentunit",
             min=0,
             width=12,
-            description="The tracker's windowed MFU per rank; a rank on a throttled GPU sits lower.",
+            description="Model FLOP/s of each rank over its device's dense peak. Ranks of a lockstep job sit "
+            "together; one apart does less work per step (uneven sharding) or runs alone.",
         ),
         Panel(
-            "Step time distribution (all ranks)",
+            "Step time p50 / p90 (rank 0)",
             (
-                Target(
-                    f"sum by (le) (rate({select(T.STEP_DURATION, m, suffix='_bucket')}[{ri}]))",
-                    "{{le}}",
-                    mode="heatmap",
-                ),
+                Target(rec(r.step_quantile(0.5), f), "{{run}} p50"),
+                Target(rec(r.step_quantile(0.9), f), "{{run}} p90"),
             ),
-            kind="heatmap",
             unit="s",
+            min=0,
             width=24,
-            height=9,
-            description="Histogram of step times; a second band means some steps (ranks) are slow.",
+            description="A p90 far above p50 means some steps are slow (a straggling rank delays every "
+            "rank's step in a lockstep job; the ratio panel above names it).",
         ),
     ]
     return Dashboard(

@@ -7,7 +7,8 @@ scrape and logs one line per transition; any other NVML error omits the reading,
 ``babysitter_gpu_query_errors_total`` and logs once per GPU, query and error. The other GPUs are never
 affected.
 
-Series per GPU stay within the ~40 of DESIGN.md's budget: NVLink errors are summed over links
+Series per GPU stay within the 35 of the series budget (``catalog.budget``): clock events only for
+the reasons that throttle (:data:`EXPORTED_CLOCK_EVENT_REASONS`), NVLink errors summed over links
 (``link="all"``) unless ``nvlink_per_link`` is set (4 series per active link: 72 on an H100).
 Tensor activity comes from GPM (Hopper and later): two samples per GPU, the metric is the average
 over the time between two scrapes.
@@ -30,7 +31,7 @@ from babysitter.catalog._spec import MetricSpec
 from babysitter.node.collector import GpuIdentity
 from babysitter.node.gpu.nvml import Nvml, NvmlUnavailable, error_name
 
-__all__ = ["CLOCK_EVENT_REASONS", "GpuCollector"]
+__all__ = ["CLOCK_EVENT_REASONS", "EXPORTED_CLOCK_EVENT_REASONS", "GpuCollector"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -46,6 +47,21 @@ CLOCK_EVENT_REASONS: tuple[tuple[str, str], ...] = (
     ("hw_thermal_slowdown", "nvmlClocksEventReasonHwThermalSlowdown"),
     ("hw_power_brake_slowdown", "nvmlClocksEventReasonHwPowerBrakeSlowdown"),
     ("display_clock_setting", "nvmlClocksEventReasonDisplayClockSetting"),
+)
+#: The reasons exported: those that lower clocks under load (power and thermal limits, slowdowns).
+#: Idle, application clocks, sync boost and display clock say nothing a training job can act on;
+#: leaving them out keeps a GPU within the series budget (catalog.budget: 5 series, not 9).
+EXPORTED_CLOCK_EVENT_REASONS: tuple[tuple[str, str], ...] = tuple(
+    (label, const)
+    for label, const in CLOCK_EVENT_REASONS
+    if label
+    in (
+        "sw_power_cap",
+        "hw_slowdown",
+        "sw_thermal_slowdown",
+        "hw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+    )
 )
 _ECC_TYPES = (
     ("corrected", "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
@@ -376,7 +392,7 @@ class GpuCollector:
             )
         if reasons is None:
             return
-        for label, const in CLOCK_EVENT_REASONS:
+        for label, const in EXPORTED_CLOCK_EVENT_REASONS:
             if _has(lib, const):
                 add(N.GPU_CLOCK_EVENT_ACTIVE, 1.0 if int(reasons) & int(getattr(lib, const)) else 0.0, label)
 

@@ -30,7 +30,7 @@ from prometheus_client.core import Metric
 from babysitter.catalog import node as N
 from babysitter.catalog._spec import MetricSpec
 from babysitter.node.collector import GpuIdentity
-from babysitter.node.gpu.collector import CLOCK_EVENT_REASONS, Sample, _families
+from babysitter.node.gpu.collector import EXPORTED_CLOCK_EVENT_REASONS, Sample, _families
 
 __all__ = ["BINDING_PATHS", "FIELDS", "DcgmCollector", "DcgmUnavailable"]
 
@@ -197,7 +197,7 @@ class DcgmCollector:
             out.append((N.GPU_RETIRED_PAGES_PENDING, labels, 1.0 if pending > 0 else 0.0))
         reasons = next((r for r in (self._value(fv, n) for n in _REASONS_FIELDS) if r is not None), None)
         if reasons is not None:
-            for label, _ in CLOCK_EVENT_REASONS:
+            for label, _ in EXPORTED_CLOCK_EVENT_REASONS:
                 active = 1.0 if int(reasons) & _REASON_BITS[label] else 0.0
                 out.append((N.GPU_CLOCK_EVENT_ACTIVE, (*labels, label), active))
         return out

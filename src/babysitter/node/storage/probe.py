@@ -278,10 +278,12 @@ class StorageProbeCollector:
         for path, last, running_since, errors in snapshot:
             label = _label(path)
             add(S.STORAGE_PROBE_RUNNING, [label], 0.0 if running_since is None else now - running_since)
-            # Every reason from the start, at 0: an error counter that first appears at 1 is invisible
-            # to increase() and rate() (they need a sample before the increment).
+            # Only the reasons that occurred (8 zero series per path and host would take a quarter of
+            # the host's series budget); readers count a series born at 1 as an increase, as the Xid
+            # counter's do (generate.promql.new_or_increased).
             for reason in S.PROBE_ERROR_REASONS:
-                add(S.STORAGE_PROBE_ERRORS, [label, reason], errors.get(reason, 0))
+                if errors.get(reason):
+                    add(S.STORAGE_PROBE_ERRORS, [label, reason], errors[reason])
             if last is None:
                 continue
             add(S.STORAGE_PROBE_UP, [label], 1.0 if last.ok else 0.0)

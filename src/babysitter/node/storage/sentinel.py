@@ -18,7 +18,8 @@ trainer wrote them (same mount points).
 ``save_top_k``, HF's ``save_total_limit``): a checkpoint the job rotated away on purpose looks exactly
 like one the provider deleted.
 
-Exports ``checkpoint_missing{run,step}`` (1 missing or too small, 0 verified),
+Exports ``checkpoint_missing{run}`` (how many of the checked ones are missing or too small),
+``checkpoint_missing_newest_step{run}`` (the newest of those, while there is one),
 ``checkpoint_newest_verified_age_seconds{run}`` and ``checkpoint_ledger_up{run}``. ``run`` is the
 name in the ledger's first start record, or the directory's name when there is none.
 
@@ -350,18 +351,22 @@ class CheckpointSentinelCollector:
         with self._lock:
             results = list(self._results)
         missing = S.CHECKPOINT_MISSING.family()
+        missing_step = S.CHECKPOINT_MISSING_STEP.family()
         age = S.CHECKPOINT_NEWEST_VERIFIED_AGE.family()
         ledger_up = S.CHECKPOINT_LEDGER_UP.family()
         wall = self._clock()
         for result in results:
             ledger_up.add_metric([result.run], 1.0 if result.ledger_ok else 0.0)  # type: ignore[attr-defined]
-            for check in result.checks:
-                if check.missing is not None:
-                    missing.add_metric([result.run, str(check.step)], 1.0 if check.missing else 0.0)  # type: ignore[attr-defined]
+            checked = [c for c in result.checks if c.missing is not None]
+            gone = [c.step for c in checked if c.missing]
+            if checked:
+                missing.add_metric([result.run], float(len(gone)))  # type: ignore[attr-defined]
+            if gone:
+                missing_step.add_metric([result.run], float(max(gone)))  # type: ignore[attr-defined]
             newest = result.newest_verified()
             if newest is not None:
                 age.add_metric([result.run], max(0.0, wall - newest.time))  # type: ignore[attr-defined]
-        return [missing, age, ledger_up]
+        return [missing, missing_step, age, ledger_up]
 
     def check_now(self) -> list[RunCheck]:
         """Check every run directory on the calling thread (what the worker does)."""

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from babysitter.views.top.frame import AlertRow, Frame, NodeRow, RunRow, Source
 from babysitter.views.top.screen import render, run_top
-from babysitter.views.top.sources import MetricsSource, PrometheusSource
+from babysitter.views.top.sources import PROMETHEUS_METRICS, MetricsSource, PrometheusSource
 
 __all__ = [
+    "PROMETHEUS_METRICS",
     "AlertRow",
     "Frame",
     "MetricsSource",

@@ -25,9 +25,25 @@ from babysitter.catalog import train as T
 from babysitter.prom import PromClient, PromError
 from babysitter.views.top.frame import AlertRow, Frame, NodeRow, RunRow, gpu_key
 
-__all__ = ["MetricsSource", "PrometheusSource"]
+__all__ = ["PROMETHEUS_METRICS", "MetricsSource", "PrometheusSource"]
 
 _TIMEOUT = 5.0
+#: What :class:`PrometheusSource` queries: a distributed tier must keep these (see
+#: ``babysitter.generate.distributed``, which drops what nothing reads before remote_write).
+PROMETHEUS_METRICS = (
+    T.STEPS,
+    T.STEP,
+    T.MFU,
+    T.STEP_DURATION,
+    T.LAST_STEP_TIMESTAMP,
+    T.CKPT_LAST_SUCCESS,
+    G.GOODPUT,
+    G.RESTARTS,
+    N.GPU_UP,
+    N.GPU_XID_ERRORS,
+    N.GPU_TEMPERATURE,
+    N.GPU_UTILIZATION,
+)
 _MAX_BODY = 32 * 1024 * 1024
 
 
@@ -88,9 +104,9 @@ class PrometheusSource:
 
         w = self.window
         step_sum, step_count = f"{T.STEP_DURATION.name}_sum", f"{T.STEP_DURATION.name}_count"
-        ranks = by(f"count by (run) ({T.STEP.name})", "run")
+        ranks = by(f"count by (run) ({T.STEPS.name})", "run")
         step = by(f"max by (run) ({T.STEP.name})", "run")
-        mfu = by(f"avg by (run) ({T.MFU.name})", "run")
+        mfu = by(f"max by (run) ({T.MFU.name})", "run")
         goodput = by(f"max by (run) ({G.GOODPUT.name})", "run")
         step_time = by(
             f"sum by (run) (rate({step_sum}[{w}])) / sum by (run) (rate({step_count}[{w}]))", "run"
