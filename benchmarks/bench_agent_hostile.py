@@ -82,7 +82,7 @@ AGENT_SIDE = textwrap.dedent(
     import json, os, resource, sys, time
     from pathlib import Path
     from babysitter.node.agent import Agent
-    from babysitter.node.trainers import TrainersCollector
+    from babysitter.node.workloads.trainers import TrainersCollector
     reg, scrapes = Path(sys.argv[1]), int(sys.argv[2])
     agent = Agent([TrainersCollector(reg, timeout=2.0)], collector_timeout=10.0)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from babysitter.node.kmsg import KernelLogFollower, XidEvent, parse_log
+from babysitter.node.xid.kmsg import KernelLogFollower, XidEvent, parse_log
 
 
 def generate_lines(count: int) -> list[str]:

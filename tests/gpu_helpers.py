@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 import babysitter
-from babysitter.node.gpu import CLOCK_EVENT_REASONS
+from babysitter.node.gpu.collector import CLOCK_EVENT_REASONS
 
 __all__ = [
     "GPU_SKIP_REASON",

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from babysitter.generate import GenerateConfig, fast, render, write
+from babysitter.generate import GenerateConfig, fast
 from babysitter.generate.alerts import alerts
+from babysitter.generate.writer import render, write
 from gen_helpers import REPO, known_series_names, promtool, referenced_names, require_promtool
 
 CFG = GenerateConfig()
@@ -62,14 +63,14 @@ class TestAlertMetadata:
 
     def test_paging_xid_actions_match_the_node_agent(self) -> None:
         """Every Xid action the config names is one the node agent's catalog can emit."""
-        from babysitter.node.xid_catalog import ACTIONS, UNKNOWN_ACTION
+        from babysitter.node.xid.codes import ACTIONS, UNKNOWN_ACTION
 
         assert set(CFG.xid_page_actions) | set(CFG.xid_ignore_actions) <= {*ACTIONS, UNKNOWN_ACTION}
         assert "reboot" in CFG.xid_page_actions  # Xid 79, fallen off the bus, must page
 
     def test_throttle_reasons_match_the_gpu_collector(self) -> None:
         """Throttle reasons alerted on are reason labels the GPU collector exports."""
-        from babysitter.node.gpu import CLOCK_EVENT_REASONS
+        from babysitter.node.gpu.collector import CLOCK_EVENT_REASONS
 
         assert set(CFG.throttle_reasons) <= {label for label, _ in CLOCK_EVENT_REASONS}
 

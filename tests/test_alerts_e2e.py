@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from babysitter.catalog import train as T
-from babysitter.generate import fast, render, write
+from babysitter.generate import fast
+from babysitter.generate.writer import render, write
 from gen_helpers import REPO, AlertmanagerServer, LiveStack, WebhookReceiver
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from babysitter.catalog import train as T
-from babysitter.generate import GenerateConfig, render, write
+from babysitter.generate import GenerateConfig
+from babysitter.generate.writer import render, write
 from babysitter.registration import Endpoint, process_start_time, register, user_dir
 from gen_helpers import REPO, LiveStack, dashboard_exprs, substitute_grafana
 

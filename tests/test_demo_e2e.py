@@ -19,7 +19,7 @@ import pytest
 from rich.console import Console
 
 from babysitter.ledger import summarize
-from babysitter.top import Frame, MetricsSource, PrometheusSource, render
+from babysitter.views.top import Frame, MetricsSource, PrometheusSource, render
 from promkit import ALERTMANAGER, PROMETHEUS, require_binary
 
 # Faults well after startup (the first checkpoints must exist before the slow one), a hang long

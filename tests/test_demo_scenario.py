@@ -17,7 +17,7 @@ from babysitter.demo.scenario import (
     load_scenario,
     parse_scenario_data,
 )
-from babysitter.node.simulate import parse_scenario
+from babysitter.node.gpu.simulate import parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -224,7 +224,7 @@ AMTOOL = shutil.which("amtool") or "/usr/bin/amtool"
 @pytest.mark.prometheus
 def test_configs_pass_promtool_and_amtool(tmp_path: Path) -> None:
     """The demo's Prometheus config (with the fast-profile rules) and Alertmanager config are valid."""
-    from babysitter.generate import ALERT_RULES, RECORDING_RULES, render
+    from babysitter.generate.writer import ALERT_RULES, RECORDING_RULES, render
 
     for tool in (PROMTOOL, AMTOOL):
         if not Path(tool).exists():

@@ -10,7 +10,7 @@ from rich.console import Console
 from babysitter.demo.pager import Page
 from babysitter.demo.scenario import DemoEvent
 from babysitter.demo.view import DemoView
-from babysitter.top import Frame, NodeRow, RunRow
+from babysitter.views.top import Frame, NodeRow, RunRow
 
 FRAME = Frame(
     time=0.0,

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from babysitter.catalog import ALL
 from babysitter.cli import main
-from babysitter.generate import GenerateConfig, check, fast, render, write
+from babysitter.generate import GenerateConfig, fast
 from babysitter.generate.config import parse_duration, profile
+from babysitter.generate.writer import check, render, write
 from babysitter.generate.yamlout import dump
 from gen_helpers import REPO
 

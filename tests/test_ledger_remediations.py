@@ -14,9 +14,9 @@ import pytest
 from rich.console import Console
 
 from babysitter.cli import main
-from babysitter.cli.report import render_table
 from babysitter.ledger import summarize
 from babysitter.ledger.remediations import MAX_BYTES, NOTES_FILE, match_restarts, read_notes
+from babysitter.views.report import render_table
 from test_ledger_helpers import T0, Book, ramp
 
 CAUSE = "remediated: drained host n1 after Xid 79, requeued job 12"

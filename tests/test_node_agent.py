@@ -17,8 +17,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from babysitter.catalog import node as N
 from babysitter.catalog import selfmon as S
 from babysitter.node.agent import Agent, Server, merge_families
-from babysitter.node.fake_nvml import FakeNvml, fake_gpus
-from babysitter.node.gpu import GpuCollector
+from babysitter.node.gpu.collector import GpuCollector
+from babysitter.node.gpu.fake import FakeNvml, fake_gpus
 from node_helpers import Scrape, parse_exposition
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from babysitter.catalog import node as N
 from babysitter.node.collector import GpuIdentity
-from babysitter.node.jobs import GpuJobsCollector
+from babysitter.node.workloads.jobs import GpuJobsCollector
 from node_helpers import scrape
 
 GPUS = [
@@ -41,7 +41,7 @@ def test_no_directory_means_no_jobs(tmp_path: Path) -> None:
 def test_malformed_ids_skipped_and_count_bounded(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A line that is not a job id is skipped with one log line; at most max_jobs_per_gpu per GPU."""
     (tmp_path / "0").write_text("$(reboot)\n" + "".join(f"{i}\n" for i in range(20)))
-    with caplog.at_level(logging.WARNING, logger="babysitter.node.jobs"):
+    with caplog.at_level(logging.WARNING, logger="babysitter.node.workloads.jobs"):
         collector = jobs(tmp_path, max_jobs_per_gpu=3)
         s = scrape(collector)
         scrape(collector)

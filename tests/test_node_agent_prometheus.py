@@ -96,10 +96,10 @@ def test_prometheus_scrapes_agent_and_faults_are_visible(tmp_path: Path) -> None
     (tmp_path / "gpu-jobs").mkdir()
     (tmp_path / "gpu-jobs" / "0").write_text("4242\n")
     argv += ["--gpu-job-dir", str(tmp_path / "gpu-jobs")]
-    storage = _has("babysitter.node.storage")
+    storage = _has("babysitter.node.storage.probe")
     if storage:
         argv += ["--storage-path", str(ckpt), "--storage-interval", "1", "--storage-size", "4096"]
-    sentinel = _has("babysitter.node.sentinel")
+    sentinel = _has("babysitter.node.storage.sentinel")
     if sentinel:
         argv += ["--checkpoint-run-dir", str(run_dir), "--checkpoint-interval", "1"]
     agent_log = (tmp_path / "agent.log").open("wb")

@@ -7,10 +7,10 @@ import logging
 import pytest
 
 from babysitter.catalog import node as N
-from babysitter.node import fake_nvml as F
-from babysitter.node.fake_nvml import FakeNvml, fake_gpus
-from babysitter.node.gpu import GpuCollector
-from babysitter.node.nvml import NvmlUnavailable
+from babysitter.node.gpu import fake as F
+from babysitter.node.gpu.collector import GpuCollector
+from babysitter.node.gpu.fake import FakeNvml, fake_gpus
+from babysitter.node.gpu.nvml import NvmlUnavailable
 from node_helpers import scrape
 
 
@@ -174,7 +174,7 @@ class TestFailures:
         scrape(gpus)  # prime GPM so both scrapes below have the same series
         before = scrape(gpus)
         lib.gpu(0).lost = True
-        with caplog.at_level(logging.ERROR, logger="babysitter.node.gpu"):
+        with caplog.at_level(logging.ERROR, logger="babysitter.node.gpu.collector"):
             s = scrape(gpus)
             scrape(gpus)
         assert s.value(N.GPU_UP.name, gpu="0", uuid=lib.gpu(0).uuid, pci_bus_id="0000:18:00") == 0
@@ -205,7 +205,7 @@ class TestFailures:
     ) -> None:
         """An unexpected NVML error omits the reading and counts it; the GPU stays up."""
         lib.gpu(1).errors["nvmlDeviceGetTemperature"] = F.NVML_ERROR_UNKNOWN
-        with caplog.at_level(logging.WARNING, logger="babysitter.node.gpu"):
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.gpu.collector"):
             scrape(gpus)
             s = scrape(gpus)
         assert s.value(N.GPU_QUERY_ERRORS.name, gpu="1", query="temperature", error="Unknown") == 2

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from babysitter.catalog import node as N
-from babysitter.node.dcgm import FIELDS, DcgmCollector, DcgmUnavailable
+from babysitter.node.gpu.dcgm import FIELDS, DcgmCollector, DcgmUnavailable
 from node_helpers import scrape
 
 # Field ids as dcgm_fields defines them (DCGM 3/4); the collector only ever uses them by name.

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from babysitter.node import fake_nvml
-from babysitter.node.fake_nvml import FakeNvml, fake_gpus
+from babysitter.node.gpu import fake as fake_nvml
+from babysitter.node.gpu.fake import FakeNvml, fake_gpus
 
 
 @pytest.fixture(name="nvml")

@@ -17,8 +17,8 @@ import pytest
 
 from babysitter.catalog import node as N
 from babysitter.node.collector import normalize_pci_bus_id
-from babysitter.node.gpu import EXPORTED_CLOCK_EVENT_REASONS, GpuCollector
-from babysitter.node.nvml import NvmlUnavailable, load_pynvml
+from babysitter.node.gpu.collector import EXPORTED_CLOCK_EVENT_REASONS, GpuCollector
+from babysitter.node.gpu.nvml import NvmlUnavailable, load_pynvml
 from gpu_helpers import SmiGpu, parse_smi_xml, record, requires_gpu
 from node_helpers import Scrape, scrape
 
@@ -237,7 +237,7 @@ def test_tensor_activity_rises_under_matmul(collector: Any) -> None:
 
 def test_nvml_xid_events_register(collector: Any) -> None:
     """The Xid collector's NVML event source registers every GPU for critical Xid events."""
-    from babysitter.node.xid import XidCollector
+    from babysitter.node.xid.collector import XidCollector
 
     xid = XidCollector(gpus=collector.identities, kmsg_path=None, nvml=load_pynvml())
     xid.start()
@@ -259,7 +259,7 @@ def test_xid_collector_reads_the_real_kernel_log_and_restarts_to_the_same_counts
     read, both sources report healthy, and a restarted collector (state file kept) counts the same."""
     import os
 
-    from babysitter.node.xid import XidCollector
+    from babysitter.node.xid.collector import XidCollector
 
     if not os.access("/dev/kmsg", os.R_OK):
         pytest.skip("/dev/kmsg is not readable by this user (the agent needs root or CAP_SYSLOG)")

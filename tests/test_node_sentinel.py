@@ -15,7 +15,7 @@ from babysitter.catalog import storage as S
 from babysitter.ledger import DEFAULT_FILE_NAME, CheckpointRecord, completed_checkpoints
 from babysitter.ledger.records import CheckpointEnd, Start, encode, to_us
 from babysitter.ledger.writer import LedgerWriter
-from babysitter.node.sentinel import CheckpointSentinelCollector, LedgerTail, directory_size
+from babysitter.node.storage.sentinel import CheckpointSentinelCollector, LedgerTail, directory_size
 from node_helpers import Scrape, scrape
 
 MISSING = S.CHECKPOINT_MISSING.name
@@ -112,7 +112,7 @@ class TestFiles:
         c = make([run_dir])
         assert missing(scrape(c)) == (0, None)
         (run_dir / "step-200.pt").unlink()
-        with caplog.at_level(logging.INFO, logger="babysitter.node.sentinel"):
+        with caplog.at_level(logging.INFO, logger="babysitter.node.storage.sentinel"):
             for _ in range(3):
                 s = scrape(c)
         assert missing(s, "llama-7b") == (1, 200)
@@ -152,7 +152,7 @@ class TestFiles:
                 (4, T0 + 4, 10, None),
             ],
         )
-        with caplog.at_level(logging.WARNING, logger="babysitter.node.sentinel"):
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.storage.sentinel"):
             c = make([run_dir], keep_last=4)
             s = scrape(c)
         assert missing(s) == (0, None)
@@ -248,7 +248,7 @@ class TestLedgers:
         bad, good = tmp_path / "bad", tmp_path / "good"
         (bad / DEFAULT_FILE_NAME).mkdir(parents=True)  # read_bytes() fails: IsADirectoryError
         write_ledger(good, "good-run", [file_checkpoint(good, 1, 8)])
-        with caplog.at_level(logging.WARNING, logger="babysitter.node.sentinel"):
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.storage.sentinel"):
             c = make([bad, good])
             scrape(c)
             s = scrape(c)

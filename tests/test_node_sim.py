@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from babysitter.catalog import node as N
-from babysitter.node import fake_nvml as F
-from babysitter.node.gpu import GpuCollector
-from babysitter.node.simulate import GPU_MODELS, Simulator, load_scenario, parse_scenario, resolve_model
+from babysitter.node.gpu import fake as F
+from babysitter.node.gpu.collector import GpuCollector
+from babysitter.node.gpu.simulate import GPU_MODELS, Simulator, load_scenario, parse_scenario, resolve_model
 from node_helpers import scrape
 
 
@@ -104,7 +104,7 @@ class TestFaults:
 
     def test_kernel_log_line_parses_with_the_xid_parser(self, tmp_path: Path) -> None:
         """The simulated NVRM line is one the kernel-log parser understands, mapped to the GPU's bus."""
-        kmsg = pytest.importorskip("babysitter.node.kmsg")
+        kmsg = pytest.importorskip("babysitter.node.xid.kmsg")
         log = tmp_path / "kern.log"
         sim(events=[{"at": 0, "gpu": 0, "event": "xid", "xid": 31}], kernel_log=log)
         events = kmsg.parse_log(log.read_text().splitlines())

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from babysitter.catalog import storage as S
-from babysitter.node import storage
-from babysitter.node.storage import StorageProbeCollector, probe_file_name, probe_once
+from babysitter.node.storage import probe as storage
+from babysitter.node.storage.probe import StorageProbeCollector, probe_file_name, probe_once
 from node_helpers import scrape, wait_for
 
 PROBE_NAME = probe_file_name()
@@ -98,7 +98,7 @@ class TestCollector:
     def test_missing_directory_one_line_others_still_probed(self, tmp_path: Path, make, caplog) -> None:
         good, gone = tmp_path / "good", tmp_path / "gone"
         good.mkdir()
-        with caplog.at_level(logging.INFO, logger="babysitter.node.storage"):
+        with caplog.at_level(logging.INFO, logger="babysitter.node.storage.probe"):
             c = make([gone, good], size_bytes=4096, interval_seconds=0.05)
             wait_for(
                 lambda: scrape(c).find(S.STORAGE_PROBE_ERRORS.name, path=str(gone), reason="missing") >= [3.0]
@@ -116,7 +116,7 @@ class TestCollector:
         assert str(gone) in lines[0]
         assert "missing" in lines[0]
         # the directory appears (mounted late): it recovers, with one more line
-        with caplog.at_level(logging.INFO, logger="babysitter.node.storage"):
+        with caplog.at_level(logging.INFO, logger="babysitter.node.storage.probe"):
             gone.mkdir()
             wait_for(lambda: scrape(c).value(S.STORAGE_PROBE_UP.name, path=str(gone)) == 1)
         assert sum("works again" in r.getMessage() for r in caplog.records) == 1
@@ -180,7 +180,7 @@ _RO_SCRIPT = textwrap.dedent(
     from pathlib import Path
     ro, good = Path(sys.argv[1]), Path(sys.argv[2])
     subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
-    from babysitter.node.storage import StorageProbeCollector
+    from babysitter.node.storage.probe import StorageProbeCollector
     from node_helpers import scrape, wait_for
     lines = []
     logging.getLogger("babysitter").addHandler(logging.Handler())
@@ -238,7 +238,7 @@ _LOOP_SCRIPT = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from babysitter.node.storage import StorageProbeCollector
+    from babysitter.node.storage.probe import StorageProbeCollector
     c = StorageProbeCollector([Path(sys.argv[1])], size_bytes=4 * 1024 * 1024, interval_seconds=0.05)
     c.start()
     print("started", flush=True)

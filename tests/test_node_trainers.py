@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from babysitter import registration
 from babysitter.catalog import node as N
 from babysitter.node.agent import Agent
-from babysitter.node.trainers import TrainersCollector
+from babysitter.node.workloads.trainers import TrainersCollector
 from node_helpers import parse_exposition, scrape, wait_for
 
 
@@ -89,7 +89,7 @@ def test_endpoint_that_stops_answering(
     good, bad = Trainer(reg, "good", 0, 1), Trainer(reg, "bad", 0, 2)
     bad.stop()
     try:
-        with caplog.at_level(logging.WARNING, logger="babysitter.node.trainers"):
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.workloads.trainers"):
             scrape(trainers)
             s = scrape(trainers)
         assert s.value(N.TRAINER_SCRAPE_SUCCESS.name, run="bad", rank="0") == 0
@@ -143,7 +143,7 @@ def test_trainer_that_died_is_dropped_with_one_log_line(
         assert s.value("train_step", run="doomed", rank="3") == 42
         proc.kill()
         proc.wait(timeout=10)
-        with caplog.at_level(logging.WARNING, logger="babysitter.node.trainers"):
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.workloads.trainers"):
             s = scrape(trainers)
             s2 = scrape(trainers)
     finally:
@@ -184,7 +184,7 @@ def test_trainer_cannot_speak_for_the_agent(
     t = Trainer(reg, "spoof", 0, 1)
     Gauge("gpu_up", "fake", ["gpu"], registry=t.registry).labels("0").set(1)
     try:
-        with caplog.at_level(logging.WARNING, logger="babysitter.node.trainers"):
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.workloads.trainers"):
             s = scrape(trainers)
             scrape(trainers)
         assert s.find("gpu_up") == []

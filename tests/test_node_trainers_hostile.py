@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, start_http_server
 from babysitter import registration
 from babysitter.catalog import node as N
 from babysitter.node.agent import Agent
-from babysitter.node.trainers import TrainersCollector
+from babysitter.node.workloads.trainers import TrainersCollector
 from node_helpers import Scrape, scrape
 from unpriv import popen_as_nobody, public_tmp, run_as_nobody
 
@@ -204,7 +204,7 @@ _NONROOT_AGENT = textwrap.dedent(
     """
     import json, logging, sys
     from pathlib import Path
-    from babysitter.node.trainers import TrainersCollector
+    from babysitter.node.workloads.trainers import TrainersCollector
     records = []
     handler = logging.Handler()
     handler.emit = records.append
@@ -411,7 +411,7 @@ def test_series_flood_is_refused_per_endpoint(reg: Path, trainers: TrainersColle
 
 def test_every_reason_is_in_the_metric_help() -> None:
     """The reason label values the code can produce are the ones the catalog (and docs/metrics.md) list."""
-    from babysitter.node.trainers import ERRORS
+    from babysitter.node.workloads.trainers import ERRORS
 
     for reason in registration.SKIP_REASONS:
         assert reason in N.TRAINER_REGISTRATIONS_SKIPPED.help

@@ -15,8 +15,8 @@ import pytest
 
 from babysitter.catalog import node as N
 from babysitter.node.collector import GpuIdentity
-from babysitter.node.fake_nvml import FakeNvml, fake_gpus
-from babysitter.node.xid import XidCollector, XidDeduper
+from babysitter.node.gpu.fake import FakeNvml, fake_gpus
+from babysitter.node.xid.collector import XidCollector, XidDeduper
 from node_helpers import scrape, wait_for
 
 XID = N.GPU_XID_ERRORS.name
@@ -93,7 +93,7 @@ class TestNvml:
 
     def test_not_supported_gpu_skipped_others_watched(self, lib: FakeNvml, make, caplog) -> None:
         lib.gpus[0].unsupported.add("nvmlDeviceRegisterEvents")
-        with caplog.at_level(logging.INFO, logger="babysitter.node.xid"):
+        with caplog.at_level(logging.INFO, logger="babysitter.node.xid.collector"):
             c = make(gpus=lambda: identities(lib), kmsg_path=None, nvml=lib)
             wait_for(lambda: c.source_status().get("nvml") == (True, ""))
         assert any("GPU 0 does not support NVML Xid events" in r.message for r in caplog.records)
@@ -105,7 +105,7 @@ class TestNvml:
     def test_no_gpu_supports_events_marks_source_down(self, lib: FakeNvml, make, caplog) -> None:
         for gpu in lib.gpus:
             gpu.unsupported.add("nvmlDeviceRegisterEvents")
-        with caplog.at_level(logging.INFO, logger="babysitter.node.xid"):
+        with caplog.at_level(logging.INFO, logger="babysitter.node.xid.collector"):
             c = make(gpus=lambda: identities(lib), kmsg_path=None, nvml=lib, nvml_retry_seconds=0.02)
             wait_for(lambda: lib.calls.get("nvmlEventSetCreate", 0) >= 4)  # retried
         assert c.source_status()["nvml"] == (False, "no GPU supports Xid events")
@@ -133,7 +133,7 @@ class TestNvml:
 
     def test_xid_storm_logs_one_line_per_gpu_and_code_per_minute(self, lib: FakeNvml, make, caplog) -> None:
         now = [1000.0]
-        with caplog.at_level(logging.INFO, logger="babysitter.node.xid"):
+        with caplog.at_level(logging.INFO, logger="babysitter.node.xid.collector"):
             c = make(gpus=lambda: identities(lib), kmsg_path=None, nvml=lib, clock=lambda: now[0])
             wait_for(lambda: c.source_status().get("nvml") == (True, ""))
             for _ in range(50):
@@ -206,7 +206,7 @@ class TestKernelLog:
         self, lib: FakeNvml, tmp_path: Path, make, caplog
     ) -> None:
         missing = tmp_path / "no-such-kmsg"
-        with caplog.at_level(logging.WARNING, logger="babysitter.node.xid"):
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.xid.collector"):
             c = make(gpus=lambda: identities(lib), kmsg_path=str(missing), nvml=lib, kmsg_retry_seconds=0.05)
             wait_for(lambda: c.source_status().get("kmsg", (True,))[0] is False)
             wait_for(lambda: c.source_status().get("nvml") == (True, ""))
@@ -289,8 +289,8 @@ _NOBODY_SCRIPT = textwrap.dedent(
     """
     import json, logging, sys
     from babysitter.node.collector import GpuIdentity
-    from babysitter.node.fake_nvml import FakeNvml, fake_gpus
-    from babysitter.node.xid import XidCollector
+    from babysitter.node.gpu.fake import FakeNvml, fake_gpus
+    from babysitter.node.xid.collector import XidCollector
     from node_helpers import wait_for
     records = []
     handler = logging.Handler()

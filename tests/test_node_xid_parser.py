@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from babysitter.node import xid_catalog
 from babysitter.node.collector import normalize_pci_bus_id
-from babysitter.node.kmsg import KernelLogParser, XidEvent, parse_log
+from babysitter.node.xid import codes as xid_catalog
+from babysitter.node.xid.kmsg import KernelLogParser, XidEvent, parse_log
 
 DATA = Path(__file__).parent / "data" / "kmsg"
 

@@ -21,9 +21,9 @@ from babysitter.catalog import node as N
 from babysitter.node.collector import GpuIdentity
 from babysitter.node.config import AgentConfig, ConfigError, add_arguments, load_config
 from babysitter.node.daemon import build
-from babysitter.node.fake_nvml import FakeNvml, fake_gpus
-from babysitter.node.xid import XidCollector
-from babysitter.node.xid_state import StateError, load_state
+from babysitter.node.gpu.fake import FakeNvml, fake_gpus
+from babysitter.node.xid.collector import XidCollector
+from babysitter.node.xid.state import StateError, load_state
 from node_helpers import parse_exposition, scrape, wait_for
 
 XID = N.GPU_XID_ERRORS.name
@@ -103,7 +103,7 @@ class TestHistory:
             + dmesg("0000:3c:00", 13)
             + dmesg("0000:3c:00", 13)
         )
-        with caplog.at_level(logging.INFO, logger="babysitter.node.xid"):
+        with caplog.at_level(logging.INFO, logger="babysitter.node.xid.collector"):
             c = make(kmsg_path=str(log_file))
             caught_up(c)
         assert counts(c) == {("0000:2b:00", "79"): 1, ("0000:3c:00", "13"): 2}
@@ -207,7 +207,7 @@ class TestWithNvml:
         )
         assert c.follower is not None
         c.follower.run = lambda stop: release.wait(10)  # type: ignore[method-assign]
-        with caplog.at_level(logging.WARNING, logger="babysitter.node.xid"):
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.xid.collector"):
             c.start()
             try:
                 wait_for(lambda: c.source_status().get("nvml") == (True, ""))
@@ -224,7 +224,7 @@ class TestWithNvml:
         wait_for(lambda: c.source_status().get("nvml") == (True, ""))  # no kernel log: NVML goes ahead
         lib.inject_event(0, XID_EVENT, 48)
         wait_for(lambda: counts(c) == {(bus, "48"): 1})
-        with caplog.at_level(logging.INFO, logger="babysitter.node.xid"):
+        with caplog.at_level(logging.INFO, logger="babysitter.node.xid.collector"):
             log_file.write_text(
                 xid_record(7, bus, 13)  # logged seconds after boot, long before NVML started: counted
                 + dmesg(bus, 48)  # no timestamp, while NVML ran: NVML's report stands
@@ -251,7 +251,7 @@ class TestWithNvml:
         log_file = tmp_path / "kern.log"
         log_file.write_text("")
         bus = kernel_bus(mig, 1)
-        with caplog.at_level(logging.INFO, logger="babysitter.node.xid"):
+        with caplog.at_level(logging.INFO, logger="babysitter.node.xid.collector"):
             c = make(gpus=lambda: identities(mig), kmsg_path=str(log_file), nvml=mig)
             wait_for(lambda: c.source_status().get("nvml") == (True, ""))
             append(log_file, f"[ 7.0] NVRM: Xid (PCI:{bus} GPU-I:05): 94, pid=7194, Contained: CE (0x9).\n")
@@ -326,7 +326,7 @@ class TestStateFile:
         second = kmsg if path_kind == "same" else tmp_path / "other.txt"
         if path_kind == "other":
             second.write_text(xid_record(5, "0000:18:00", 13))
-        with caplog.at_level(logging.INFO, logger="babysitter.node.xid"):
+        with caplog.at_level(logging.INFO, logger="babysitter.node.xid.collector"):
             b = make(kmsg_path=str(second), state_path=str(state), boot=boot)
             caught_up(b)
         assert counts(b) == {("0000:18:00", "13"): 1}  # from the log, not the log plus the state
@@ -373,7 +373,7 @@ class TestStateFile:
             load_state(state)
         kmsg = tmp_path / "kmsg.txt"
         kmsg.write_text(xid_record(5, "0000:18:00", 13))
-        with caplog.at_level(logging.WARNING, logger="babysitter.node.xid"):
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.xid.collector"):
             c = make(kmsg_path=str(kmsg), state_path=str(state))
             caught_up(c)
         assert counts(c) == {("0000:18:00", "13"): 1}
@@ -393,7 +393,7 @@ class TestStateFile:
         kmsg = tmp_path / "kmsg.txt"
         kmsg.write_text("")
         state = tmp_path / "missing-dir" / "state.json"
-        with caplog.at_level(logging.WARNING, logger="babysitter.node.xid"):
+        with caplog.at_level(logging.WARNING, logger="babysitter.node.xid.collector"):
             c = make(kmsg_path=str(kmsg), state_path=str(state), state_save_seconds=0.01)
             caught_up(c)
             for seq in range(1, 4):

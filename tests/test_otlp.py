@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import babysitter
 from babysitter.catalog import train as T
-from babysitter.export.otlp import OtlpPusher
+from babysitter.training.otlp import OtlpPusher
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
 # Rates over a window that ends "now": they move between two reads, even of an idle tracker.

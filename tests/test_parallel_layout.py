@@ -18,8 +18,8 @@ import pytest
 import babysitter
 from babysitter import flops
 from babysitter.catalog import train as T
-from babysitter.events import NullEvents
 from babysitter.flops.parallel import DIMS, ParallelLayout, resolve_layout
+from babysitter.training.events import NullEvents
 
 PEAK = 1e12
 FPT = 2e8  # model FLOPs per token of the whole model
@@ -42,7 +42,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr("babysitter.tracker._perf_ns", fake)
+    monkeypatch.setattr("babysitter.training.tracker._perf_ns", fake)
     return fake
 
 

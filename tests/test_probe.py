@@ -10,7 +10,7 @@ import pytest
 
 from babysitter.catalog import probe as P
 from babysitter.cli import build_parser
-from babysitter.node.probe_results import ProbeResultsCollector
+from babysitter.node.workloads.probe_results import ProbeResultsCollector
 from babysitter.probe import (
     Bandwidth,
     CollectiveResult,
@@ -22,12 +22,12 @@ from babysitter.probe import (
     find_lemons,
     host_file_name,
     read_report,
-    render_table,
     write_report,
 )
 from babysitter.probe.collective import SINGLE_PROCESS, bus_bandwidth, measure_allreduce
 from babysitter.probe.lemons import flag_below_median
 from babysitter.probe.storage import MAX_SIZE_BYTES, measure_storage
+from babysitter.views.probe import render_table
 from node_helpers import scrape
 
 
@@ -358,7 +358,7 @@ class TestCollector:
 
     def test_series_bounded_per_file(self, tmp_path: Path) -> None:
         """A file with far more devices than a host has cannot blow up the series count."""
-        from babysitter.node.probe_results import MAX_DEVICES
+        from babysitter.node.workloads.probe_results import MAX_DEVICES
 
         report = _report()
         report.devices = [_device("n0", str(i), 700e12) for i in range(500)]

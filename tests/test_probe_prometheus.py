@@ -10,7 +10,7 @@ import pytest
 from babysitter.catalog import node as N
 from babysitter.catalog import probe as P
 from babysitter.node.agent import Agent, Server
-from babysitter.node.probe_results import ProbeResultsCollector
+from babysitter.node.workloads.probe_results import ProbeResultsCollector
 from babysitter.probe import host_file_name, write_report
 from promkit import PROMTOOL, PrometheusServer, require_binary
 from test_probe import _report

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from babysitter.catalog import probe as P
-from babysitter.node.probe_results import ProbeResultsCollector
+from babysitter.node.workloads.probe_results import ProbeResultsCollector
 from babysitter.probe.collective import bus_bandwidth
 from node_helpers import scrape
 

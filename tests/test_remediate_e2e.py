@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from babysitter.generate import fast, render, write
+from babysitter.generate import fast
+from babysitter.generate.writer import render, write
 from gen_helpers import AlertmanagerServer
 from node_helpers import read_port_file
 from promkit import PrometheusServer, free_port

@@ -108,6 +108,7 @@ def test_example_policy_loads_and_check_prints_it(capsys: pytest.CaptureFixture[
             {"jobs": {"prometheus_url": "file:///etc/passwd"}},
             "jobs.prometheus_url: 'file:///etc/passwd' is not an http",
         ),
+        ({"jobs": {"prometheus_url": "http://"}}, "jobs.prometheus_url: 'http://' is not an http"),
         ({"allow": {"namespaces": ["ml"]}}, "allow.namespaces: only the kubernetes backend has namespaces"),
         ({"backend": "script"}, "script: required when backend is script"),
         (

@@ -145,7 +145,7 @@ def test_timeline_lines_break_across_long_gaps() -> None:
     """A hang between two points shows as a gap in the step-time line, not a slope."""
     import math
 
-    from babysitter.cli.report import _broken
+    from babysitter.views.report import _broken
 
     xs, ys = _broken([0.0, 1.0, 2.0, 3.0, 30.0, 31.0], [1.0, 1.0, 1.0, 1.0, 27.0, 1.0])
     assert xs == [0.0, 1.0, 2.0, 3.0, 16.5, 30.0, 31.0]
@@ -162,8 +162,8 @@ def test_markup_in_the_ledgers_strings_is_printed_as_text(tmp_path: Path) -> Non
 
     from rich.console import Console
 
-    from babysitter.cli.report import render_table
     from babysitter.ledger.records import Start
+    from babysitter.views.report import render_table
     from test_ledger_helpers import Book, ramp
 
     book = Book().start(0.0).steps(1, ramp(0.5, 5)).end(10.0)

@@ -19,16 +19,9 @@ import yaml
 from babysitter.cli import build_parser
 from babysitter.generate import GenerateConfig
 from babysitter.generate.rules import recording_groups
-from babysitter.scorecard import (
-    METRICS,
-    ClusterScore,
-    PromClient,
-    PromError,
-    QuerySet,
-    Scorecard,
-    duration_seconds,
-)
-from babysitter.scorecard.render import format_value, render_png, render_table
+from babysitter.prom import PromClient, PromError
+from babysitter.scorecard import METRICS, ClusterScore, QuerySet, Scorecard, duration_seconds
+from babysitter.views.scorecard import format_value, render_png, render_table
 from test_scorecard_helpers import (
     DAY,
     MODEL,

@@ -22,7 +22,7 @@ from babysitter.catalog import node as N
 from babysitter.catalog import train as T
 from babysitter.cli import build_parser
 from babysitter.generate import fast as fast_profile
-from babysitter.generate import render, write
+from babysitter.generate.writer import render, write
 from node_helpers import read_port_file
 from promkit import PrometheusServer
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import babysitter
-from babysitter.straggler import StragglerMonitor, scores
+from babysitter.training.straggler import StragglerMonitor, scores
 
 SCRIPT = Path(__file__).parent / "scripts" / "straggler_lockstep.py"
 

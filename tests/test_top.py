@@ -15,7 +15,7 @@ from rich.console import Console
 
 import babysitter
 from babysitter.cli import main
-from babysitter.top import Frame, MetricsSource, NodeRow, PrometheusSource, RunRow, render
+from babysitter.views.top import Frame, MetricsSource, NodeRow, PrometheusSource, RunRow, render
 from promkit import free_port
 
 
@@ -109,7 +109,7 @@ def test_metrics_source_shows_runs_and_nodes(agent: tuple[str, Path], tmp_path: 
 
 
 def test_render_marks_stalled_runs_and_lists_alerts() -> None:
-    from babysitter.top import AlertRow
+    from babysitter.views.top import AlertRow
 
     now = time.time()
     frame = Frame(

@@ -21,9 +21,9 @@ import babysitter
 from babysitter import registration
 from babysitter.catalog import selfmon as S
 from babysitter.catalog import train as T
-from babysitter.deferred import LossReader
-from babysitter.events import NullEvents
-from babysitter.timing import CudaStepTimer
+from babysitter.training.events import NullEvents
+from babysitter.training.loss import LossReader
+from babysitter.training.timing import CudaStepTimer
 
 
 def _sample(tracker: babysitter.Tracker, name: str, **labels: str) -> float | None:
@@ -64,7 +64,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr("babysitter.tracker._perf_ns", fake)
+    monkeypatch.setattr("babysitter.training.tracker._perf_ns", fake)
     return fake
 
 

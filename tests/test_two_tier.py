@@ -26,9 +26,10 @@ import yaml
 
 from babysitter.catalog import goodput as G
 from babysitter.catalog import train as T
-from babysitter.generate import fast, render, write
+from babysitter.generate import fast
 from babysitter.generate.config import parse_duration
 from babysitter.generate.rules import Records
+from babysitter.generate.writer import render, write
 from gen_helpers import CLUSTER, REPO, TESTS_DIR, TRAINER, AlertmanagerServer, WebhookReceiver
 from node_helpers import read_port_file
 from promkit import PrometheusServer

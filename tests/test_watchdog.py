@@ -13,8 +13,8 @@ import pytest
 
 import babysitter
 from babysitter.catalog import runtime as R
-from babysitter.tracker import Tracker
-from babysitter.watchdog import Watchdog
+from babysitter.training.tracker import Tracker
+from babysitter.training.watchdog import Watchdog
 from integ_helpers import sample_value
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import babysitter
-from babysitter.straggler import StragglerMonitor
+from babysitter.training.straggler import StragglerMonitor
 
 out_dir, steps, slow_rank = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 dist.init_process_group("gloo")

@@ -31,7 +31,7 @@ _COMMANDS = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, with every subcommand module that is present."""
-    from babysitter import __version__
+    from babysitter._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="babysitter", description="MFU and goodput observability for LLM training."

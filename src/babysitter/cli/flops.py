@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from babysitter.views.flops import render_text
+
 __all__ = ["register", "run"]
 
 _TARGETS = (0.3, 0.4, 0.5)
@@ -48,20 +50,6 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=run)
-
-
-def _si(value: float, unit: str) -> str:
-    for scale, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= scale:
-            return f"{value / scale:.4g} {prefix}{unit}"
-    return f"{value:.4g} {unit}"
-
-
-def _count(value: float) -> str:
-    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if value >= scale:
-            return f"{value / scale:.4g}{suffix}"
-    return f"{value:.0f}"
 
 
 def _report(args: argparse.Namespace) -> dict[str, Any]:
@@ -158,46 +146,6 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _text(r: dict[str, Any]) -> list[str]:
-    p = r["parameters"]
-    lines: list[str] = []
-    emit = lines.append
-    emit(f"{r['config']}  ({r['model_type']})")
-    emit(
-        f"parameters: total {_count(p['total'])}, active {_count(p['active'])}, embedding "
-        f"{_count(p['embedding'])}, active non-embedding {_count(p['active_non_embedding'])}"
-    )
-    if "note" in r:
-        emit(r["note"])
-        return lines
-    f = r["flops_per_token"]
-    seq = f"seq_len {r['seq_len']}" + (f", encoder {r['encoder_seq_len']}" if "encoder_seq_len" in r else "")
-    emit(f"FLOPs per token ({seq}): model {_si(f['model'], 'FLOP')}, hardware {_si(f['hardware'], 'FLOP')}")
-    fw = f["forward"]
-    total = sum(fw.values())
-    shares = ", ".join(f"{k} {v / total:.1%}" for k, v in fw.items() if v)
-    emit(f"  forward split: {shares}")
-    if "flops_per_step" in r:
-        s = r["flops_per_step"]
-        emit(
-            f"FLOPs per step ({r['batch_tokens']} tokens): model {_si(s['model'], 'FLOP')}, "
-            f"hardware {_si(s['hardware'], 'FLOP')}"
-        )
-    if "device" in r:
-        d = r["device"]
-        emit(
-            f"peak: {d['row']} {d['dtype']} {_si(d['peak_flops_per_second'], 'FLOP/s')} dense ({d['source']})"
-        )
-        for target, need in r["tokens_per_second_for_mfu"].items():
-            line = f"  MFU {float(target):.0%}: {need['per_device']:,.0f} tokens/s per device"
-            if d["devices"] > 1:
-                line += f", {need['job']:,.0f} tokens/s on {d['devices']} devices"
-            if "step_seconds_for_mfu" in r:
-                line += f", {r['step_seconds_for_mfu'][target]:.3g} s per step"
-            emit(line)
-    return lines
-
-
 def run(args: argparse.Namespace) -> int:
     """Print the report; 0 on success, 1 on a bad config, device or dtype (message on stderr)."""
     try:
@@ -208,5 +156,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
     else:
-        sys.stdout.write("\n".join(_text(report)) + "\n")
+        sys.stdout.write(render_text(report) + "\n")
     return 0

@@ -53,7 +53,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Generate or check; returns the exit code."""
-    from babysitter.generate import check, profile, render, write
+    from babysitter.generate import profile
+    from babysitter.generate.writer import check, render, write
 
     out: Path = args.out if args.out is not None else _default_out()
     config = profile(args.profile)

@@ -85,8 +85,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """0 on success (1 with --fail-on-lemon and lemons), 2 for bad arguments or a probe that cannot start."""
-    from babysitter.probe.results import render_table
     from babysitter.probe.runner import ProbeConfig, run_probe
+    from babysitter.views.probe import render_table
 
     sizes = {name: getattr(args, name) for name, _ in _SIZES if getattr(args, name) is not None}
     try:

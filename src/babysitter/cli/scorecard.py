@@ -64,8 +64,9 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """0 with a scorecard, 1 when Prometheus has no data for any cluster, 2 for errors."""
-    from babysitter.scorecard import PromClient, PromError, QuerySet, build_scorecard
-    from babysitter.scorecard.render import render_png, render_table
+    from babysitter.prom import PromClient, PromError
+    from babysitter.scorecard import QuerySet, build_scorecard
+    from babysitter.views.scorecard import render_png, render_table
 
     try:
         client = PromClient(args.prometheus, timeout=args.timeout)

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("rich") is None:
         sys.stderr.write("babysitter top needs rich: pip install 'babysitter[report]'\n")
         return 2
-    from babysitter.top import MetricsSource, PrometheusSource, Source, run_top
+    from babysitter.views.top import MetricsSource, PrometheusSource, Source, run_top
 
     if not args.interval > 0 or not args.timeout > 0:
         sys.stderr.write("babysitter top: --interval and --timeout must be positive\n")

@@ -176,7 +176,7 @@ class _Demo:
             self.pending_pages.append(page)
 
     def start_monitoring(self) -> None:
-        from babysitter.generate import ALERT_RULES, RECORDING_RULES, render
+        from babysitter.generate.writer import ALERT_RULES, RECORDING_RULES, render
 
         missing = self.binaries.missing()
         if missing:
@@ -374,7 +374,7 @@ class _Demo:
     # ---------------------------------------------------------------------------- play
 
     def _source(self) -> Any:
-        from babysitter.top import MetricsSource, PrometheusSource
+        from babysitter.views.top import MetricsSource, PrometheusSource
 
         if self.prometheus_url:
             return PrometheusSource(self.prometheus_url, window="20s", timeout=2.0)
@@ -497,8 +497,8 @@ class _Demo:
         return results
 
     def report(self) -> float | None:
-        from babysitter.cli.report import render_png, render_table
         from babysitter.ledger import summarize
+        from babysitter.views.report import render_png, render_table
 
         summary = summarize(self.run_dir)
         if summary.state == "empty":

@@ -11,7 +11,7 @@ A scenario is ``{"duration": S, "gpus": N, "gpu_model": "H100", "events": [...]}
   are lost progress; ``null`` leaves it dead) and ``freeze`` (SIGSTOP for ``seconds``, then SIGCONT:
   the process stops answering scrapes too);
 * node faults, played by the node agent's GPU simulator, with ``gpu``: every event of
-  :mod:`babysitter.node.simulate` (``xid79``, ``xid``, ``lost``, ``recover``, ``throttle``, ``ecc``...).
+  :mod:`babysitter.node.gpu.simulate` (``xid79``, ``xid``, ``lost``, ``recover``, ``throttle``, ``ecc``...).
 
 ``expect`` (a list of alert names) says which pages the fault must cause; each kind has a default
 (:data:`EXPECTED`), and the demo's closing table shows, for every fault, when its page arrived.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from babysitter.node.simulate import GPU_MODELS, parse_scenario
+from babysitter.node.gpu.simulate import GPU_MODELS, parse_scenario
 
 __all__ = [
     "DEFAULT_SCENARIO",

@@ -14,7 +14,7 @@ from typing import Any
 
 from babysitter.demo.pager import Page
 from babysitter.demo.scenario import DemoEvent
-from babysitter.top import Frame, RunRow, render
+from babysitter.views.top import Frame, RunRow, render
 
 __all__ = ["DemoView"]
 

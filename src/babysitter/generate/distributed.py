@@ -116,7 +116,7 @@ def _scorecard_exprs() -> Iterable[str]:
 def central_expressions(cfg: GenerateConfig) -> list[str]:
     """Every PromQL expression the central tier evaluates or serves: rules, alerts, dashboards,
     the scorecard's queries and what ``babysitter top`` asks for."""
-    from babysitter.top import PROMETHEUS_METRICS
+    from babysitter.views.top import PROMETHEUS_METRICS
 
     exprs = [
         str(rule["expr"])

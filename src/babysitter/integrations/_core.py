@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from babysitter.straggler import StragglerMonitor
-from babysitter.tracker import Tracker
-from babysitter.watch import watch
+from babysitter.training.straggler import StragglerMonitor
+from babysitter.training.tracker import Tracker
+from babysitter.training.watch import watch
 
 __all__ = ["CallbackCore", "batch_counts", "find_config_owner"]
 

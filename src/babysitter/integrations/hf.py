@@ -30,7 +30,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from babysitter.integrations._core import CallbackCore, batch_counts
-from babysitter.tracker import Tracker
+from babysitter.training.tracker import Tracker
 
 __all__ = ["Babysitter"]
 

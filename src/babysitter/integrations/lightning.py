@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from babysitter.integrations._core import CallbackCore, batch_counts
-from babysitter.tracker import Tracker
+from babysitter.training.tracker import Tracker
 
 try:
     from lightning.pytorch import Callback as _Callback

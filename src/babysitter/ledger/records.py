@@ -60,6 +60,7 @@ __all__ = [
     "End",
     "FencedLineError",
     "Hang",
+    "Op",
     "PhaseBegin",
     "PhaseEnd",
     "Progress",

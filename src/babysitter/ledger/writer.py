@@ -1,4 +1,4 @@
-"""The ledger writer: rank 0's :class:`~babysitter.events.RunEvents` sink, batched and crash-safe.
+"""The ledger writer: rank 0's :class:`~babysitter.training.events.RunEvents` sink, batched and crash-safe.
 
 Callers (the tracker's housekeeping thread, checkpoint and phase context managers) only append to an
 in-memory inbox under a tiny lock. A daemon thread turns the inbox into records every
@@ -34,7 +34,6 @@ import psutil
 from prometheus_client.core import Metric
 
 from babysitter.catalog import goodput as G
-from babysitter.events import CheckpointKind
 from babysitter.ledger.accounting import Accountant
 from babysitter.ledger.lock import LedgerLockedError, WriterLock
 from babysitter.ledger.reader import DEFAULT_FILE_NAME, read_timeline
@@ -47,6 +46,7 @@ from babysitter.ledger.records import (
     CheckpointEnd,
     End,
     Hang,
+    Op,
     PhaseBegin,
     PhaseEnd,
     Progress,
@@ -393,7 +393,7 @@ class LedgerWriter:
         except Exception as exc:
             self._error("internal", exc)
 
-    def checkpoint_begin(self, *, kind: CheckpointKind, step: int, time: float, path: str | None) -> None:
+    def checkpoint_begin(self, *, kind: Op, step: int, time: float, path: str | None) -> None:
         """Record the start of a checkpoint save or load."""
         try:
             self._post(CheckpointBegin(t=to_us(time), op=kind, step=int(step), path=path), now=True)
@@ -403,7 +403,7 @@ class LedgerWriter:
     def checkpoint_end(
         self,
         *,
-        kind: CheckpointKind,
+        kind: Op,
         step: int,
         time: float,
         ok: bool,

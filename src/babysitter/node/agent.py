@@ -25,7 +25,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
-from babysitter import __version__
+from babysitter._version import __version__
 from babysitter.catalog import node as N
 from babysitter.catalog import selfmon as S
 from babysitter.export.server import MetricsServer, tls_context

@@ -131,7 +131,7 @@ _HELP: dict[str, str] = {
     "nvlink_per_link": "export NVLink errors per link (4 series per link) instead of summed over links",
     "simulate": "simulate COUNT GPUs instead of reading real ones (tests, demos)",
     "gpu_model": "simulated GPU model: H100, H200, B200, A100, L40S, V100",
-    "scenario": 'JSON file of timed simulated faults, or "demo" (see babysitter.node.simulate)',
+    "scenario": 'JSON file of timed simulated faults, or "demo" (see babysitter.node.gpu.simulate)',
     "simulate_kernel_log": "with --simulate: append simulated NVRM Xid lines to this file",
     "registry_dir": "trainer registration directory (default $BABYSITTER_REGISTRY_DIR or /tmp/babysitter)",
     "trainer_timeout": "seconds to wait for one trainer endpoint (default 2)",

@@ -23,11 +23,11 @@ from typing import Any
 from babysitter.node.agent import Agent, Server
 from babysitter.node.collector import Collector, GpuIdentity
 from babysitter.node.config import AgentConfig, ConfigError
-from babysitter.node.gpu import GpuCollector
-from babysitter.node.jobs import GpuJobsCollector
-from babysitter.node.nvml import NvmlUnavailable, load_pynvml
-from babysitter.node.simulate import Simulator, load_scenario
-from babysitter.node.trainers import TrainersCollector
+from babysitter.node.gpu.collector import GpuCollector
+from babysitter.node.gpu.nvml import NvmlUnavailable, load_pynvml
+from babysitter.node.gpu.simulate import Simulator, load_scenario
+from babysitter.node.workloads.jobs import GpuJobsCollector
+from babysitter.node.workloads.trainers import TrainersCollector
 
 __all__ = ["Running", "build", "run", "write_port_file"]
 
@@ -77,7 +77,7 @@ def build(config: AgentConfig) -> Running:
                 driver = str(getattr(gpu, "driver_version", ""))
         if config.enabled("xid"):
             xid = _optional(
-                "babysitter.node.xid",
+                "babysitter.node.xid.collector",
                 "XidCollector",
                 config,
                 "xid",
@@ -92,7 +92,7 @@ def build(config: AgentConfig) -> Running:
                 collectors.append(xid)
         if config.enabled("storage"):
             storage = _optional(
-                "babysitter.node.storage",
+                "babysitter.node.storage.probe",
                 "StorageProbeCollector",
                 config,
                 "storage",
@@ -106,7 +106,7 @@ def build(config: AgentConfig) -> Running:
                 collectors.append(storage)
         if config.enabled("sentinel"):
             sentinel = _optional(
-                "babysitter.node.sentinel",
+                "babysitter.node.storage.sentinel",
                 "CheckpointSentinelCollector",
                 config,
                 "sentinel",
@@ -123,7 +123,7 @@ def build(config: AgentConfig) -> Running:
         if config.enabled("probe") and config.probe_results_dir is not None:
             results_dir = config.probe_results_dir
             probe = _optional(
-                "babysitter.node.probe_results",
+                "babysitter.node.workloads.probe_results",
                 "ProbeResultsCollector",
                 config,
                 "probe",
@@ -167,7 +167,7 @@ def _gpu_collector(config: AgentConfig, simulator: Simulator | None) -> tuple[Co
     explicit = config.collectors.get("gpu", False)
     backend = config.gpu_backend
     if backend in ("auto", "dcgm"):
-        from babysitter.node import dcgm
+        from babysitter.node.gpu import dcgm
 
         try:
             collector = dcgm.DcgmCollector.from_bindings(nvlink_per_link=config.nvlink_per_link)

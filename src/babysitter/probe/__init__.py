@@ -3,7 +3,8 @@
 Per device: dense matmul throughput against the peak table, device memory bandwidth, host-device
 bandwidth; per job: all-reduce bus bandwidth (torchrun); per host: checkpoint-directory write, fsync
 and read bandwidth. Devices and nodes more than a fraction below the fleet median are flagged as
-lemons. Results: a table, JSON, and a per-host file the node agent serves as ``probe_*`` metrics.
+lemons. Results: JSON and a per-host file the node agent serves as ``probe_*`` metrics;
+:mod:`babysitter.views.probe` prints them as a table.
 
 Importing this package does not import torch; :func:`run_probe` does.
 """
@@ -22,7 +23,6 @@ from babysitter.probe.results import (
     StorageResult,
     host_file_name,
     read_report,
-    render_table,
     write_report,
 )
 from babysitter.probe.runner import SECTIONS, ProbeConfig, Sizes, run_probe
@@ -43,7 +43,6 @@ __all__ = [
     "find_lemons",
     "host_file_name",
     "read_report",
-    "render_table",
     "run_probe",
     "write_report",
 ]

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from babysitter.dist import detect_rank
 from babysitter.probe.lemons import DEFAULT_FRACTION, find_lemons
 from babysitter.probe.results import (
     CollectiveResult,
@@ -33,6 +32,7 @@ from babysitter.probe.results import (
     host_file_name,
     write_report,
 )
+from babysitter.training.dist import detect_rank
 
 __all__ = ["SECTIONS", "ProbeConfig", "Sizes", "physical_gpu_label", "run_probe"]
 

@@ -1,6 +1,6 @@
 """Checkpoint-directory bandwidth: write, fsync and cold read of one checkpoint-sized file.
 
-The node agent's storage probe (babysitter.node.storage) times a small file every minute for
+The node agent's storage probe (babysitter.node.storage.probe) times a small file every minute for
 latency; qualification needs bandwidth, which only a file the size of a checkpoint shard shows
 (1 GiB by default; caches and write-back buffers hide everything smaller). Bounded: at most
 :data:`MAX_SIZE_BYTES`, and never more than half of the free space.

@@ -8,14 +8,12 @@ and run -> hosts. A host whose agent is down is looked up over the ``lookback`` 
 
 from __future__ import annotations
 
-import json
-import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 
 from babysitter.catalog import node as N
 from babysitter.catalog import train as T
 from babysitter.generate.promql import eq, select
+from babysitter.prom import PromClient, PromError
 from babysitter.remediate.backends.base import BackendError
 
 __all__ = ["PrometheusJobMap"]
@@ -27,33 +25,23 @@ class PrometheusJobMap:
     """Queries one Prometheus (``url``) with a per-request ``timeout``."""
 
     def __init__(self, url: str, *, lookback: float, timeout: float) -> None:
-        self.url = url.rstrip("/")
+        # The policy checked that the URL is http(s); a job map's answers are small.
+        self._client = PromClient(url, timeout=timeout, max_bytes=_MAX_RESPONSE)
+        self.url = self._client.url
         self.lookback = f"{max(1, int(lookback))}s"
         self.timeout = timeout
-
-    def _query(self, expr: str) -> list[dict[str, object]]:
-        query = urllib.parse.urlencode({"query": expr})
-        url = f"{self.url}/api/v1/query?{query}"
-        request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310
-        try:
-            # The policy checked that the URL is http(s).
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
-                body = json.loads(response.read(_MAX_RESPONSE + 1)[:_MAX_RESPONSE])
-        except (OSError, ValueError) as exc:
-            raise BackendError(f"Prometheus query failed ({self.url}): {exc}") from None
-        if not isinstance(body, dict) or body.get("status") != "success":
-            raise BackendError(f"Prometheus query {expr!r} failed: {str(body)[:300]}")
-        result = body.get("data", {}).get("result", [])
-        return [item for item in result if isinstance(item, dict)]
 
     def _values(self, expr: str, label: str) -> list[str]:
         """``label`` of each series of ``expr`` now, else over the lookback window."""
         for form in (expr, f"last_over_time({expr}[{self.lookback}])"):
             found: list[str] = []
-            for item in self._query(f"count by ({label}) ({form})"):
-                metric = item.get("metric")
-                value = metric.get(label) if isinstance(metric, dict) else None
-                if isinstance(value, str) and value and value not in found:
+            try:
+                samples = self._client.query(f"count by ({label}) ({form})")
+            except PromError as exc:
+                raise BackendError(f"Prometheus query failed: {exc}") from None
+            for sample in samples:
+                value = sample.labels.get(label)
+                if value and value not in found:
                     found.append(value)
             if found:
                 return sorted(found)

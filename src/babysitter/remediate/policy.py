@@ -401,7 +401,7 @@ def parse_policy(data: object, *, base: Path | None = None) -> Policy:
 
     j = top.section("jobs")
     prometheus_url = j.string("prometheus_url")
-    if prometheus_url is not None and not re.match(r"^https?://", prometheus_url):
+    if prometheus_url is not None and not re.match(r"^https?://[^/?#]", prometheus_url):
         raise PolicyError(f"jobs.prometheus_url: {prometheus_url!r} is not an http(s) URL")
     job_labels = j.strings("labels", Jobs.labels)
     for label in job_labels:

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
-from babysitter import __version__
+from babysitter._version import __version__
 from babysitter.catalog import remediate as M
 from babysitter.catalog import selfmon as S
 from babysitter.catalog.remediate import NOTIFICATION_RESULTS

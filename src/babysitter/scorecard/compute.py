@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from babysitter.catalog import node as N
-from babysitter.scorecard.prom import PromClient, PromError, Sample, finite
+from babysitter.prom import PromClient, PromError, Sample, finite
 from babysitter.scorecard.queries import QuerySet
 
 __all__ = ["METRICS", "ClusterScore", "MetricInfo", "Scorecard", "build_scorecard"]

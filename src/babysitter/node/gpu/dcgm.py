@@ -30,7 +30,7 @@ from prometheus_client.core import Metric
 from babysitter.catalog import node as N
 from babysitter.catalog._spec import MetricSpec
 from babysitter.node.collector import GpuIdentity
-from babysitter.node.gpu import EXPORTED_CLOCK_EVENT_REASONS, Sample, _families
+from babysitter.node.gpu.collector import EXPORTED_CLOCK_EVENT_REASONS, Sample, _families
 
 __all__ = ["BINDING_PATHS", "FIELDS", "DcgmCollector", "DcgmUnavailable"]
 

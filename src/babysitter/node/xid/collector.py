@@ -5,7 +5,7 @@ are visible, unlike dcgm-exporter's last-value gauge). Two sources, each on its 
 
 - NVML: an event set registered for ``nvmlEventTypeXidCriticalError`` on every GPU that supports
   it (``NVMLError_NotSupported`` devices are skipped with a log line), waited on in 500 ms slices.
-- The kernel log: ``/dev/kmsg`` or a dmesg/journal text file (:mod:`babysitter.node.kmsg`).
+- The kernel log: ``/dev/kmsg`` or a dmesg/journal text file (:mod:`babysitter.node.xid.kmsg`).
 
 **Counted once.** Both sources usually report the same Xid within milliseconds. A sighting is
 counted when it arrives, unless it *pairs* with a not-yet-paired sighting of the same GPU (PCI bus)
@@ -49,9 +49,9 @@ from prometheus_client.core import Metric
 from babysitter.catalog import node as N
 from babysitter.catalog._spec import MetricSpec
 from babysitter.node.collector import GpuIdentity, normalize_pci_bus_id
-from babysitter.node.kmsg import KernelLogFollower, XidEvent
-from babysitter.node.xid_catalog import action_for
-from babysitter.node.xid_state import StateError, XidState, boot_id, load_state, save_state
+from babysitter.node.xid.codes import action_for
+from babysitter.node.xid.kmsg import KernelLogFollower, XidEvent
+from babysitter.node.xid.state import StateError, XidState, boot_id, load_state, save_state
 
 __all__ = ["SOURCES", "XidCollector", "XidDeduper"]
 
@@ -119,7 +119,7 @@ class XidCollector:
 
     ``gpus`` returns the agent's GPUs (labels, bus-to-GPU mapping); it is called from the reader
     threads and must be thread-safe. ``nvml`` is a pynvml-shaped module (real or
-    :class:`~babysitter.node.fake_nvml.FakeNvml`); the NVML thread takes its own ``nvmlInit``
+    :class:`~babysitter.node.gpu.fake.FakeNvml`); the NVML thread takes its own ``nvmlInit``
     reference and releases it on close. ``kmsg_path=None`` or ``nvml=None`` disables that source.
     NVML waits up to ``kmsg_wait_seconds`` for the kernel log's history to be read (module doc).
     ``state_path`` (optional) is where counts survive a restart; ``boot`` overrides the boot id

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from babysitter.dist import RankInfo, detect_rank
 from babysitter.export.http import TLSConfig
 from babysitter.flops.parallel import ParallelLayout
 from babysitter.labels import sanitize_value, validate_labels
+from babysitter.training.dist import RankInfo, detect_rank
 
 __all__ = ["FlopsChoice", "PeakChoice", "TrackerConfig", "resolve"]
 

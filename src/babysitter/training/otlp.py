@@ -24,8 +24,8 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from babysitter import __version__
-from babysitter.tracker import Tracker
+from babysitter._version import __version__
+from babysitter.training.tracker import Tracker
 
 __all__ = ["OtlpPusher", "families_to_metrics_data"]
 

@@ -16,11 +16,11 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
-from babysitter._hist import HistogramSnapshot
 from babysitter.catalog import selfmon as S
 from babysitter.catalog import train as T
 from babysitter.catalog._spec import MetricSpec
-from babysitter.tracker import Tracker, TrackerSnapshot
+from babysitter.training.histogram import HistogramSnapshot
+from babysitter.training.tracker import Tracker, TrackerSnapshot
 
 __all__ = ["TrackerCollector"]
 
@@ -46,7 +46,7 @@ def _summary(
 
 
 class TrackerCollector:
-    """A prometheus_client collector over one :class:`~babysitter.tracker.Tracker`."""
+    """A prometheus_client collector over one :class:`~babysitter.training.tracker.Tracker`."""
 
     def __init__(
         self, tracker: Tracker, *, port: int | None = None, requested_port: int | None = None

@@ -9,7 +9,7 @@ Code written against ``pynvml`` runs unchanged against it, including the Xid eve
 ``NVMLError_Timeout`` / ``nvmlEventSetFree``).
 
 What the fake GPUs report is plain mutable state (:class:`FakeGpu`); tests and
-:mod:`babysitter.node.simulate` change it between calls: a GPU that falls off the bus
+:mod:`babysitter.node.gpu.simulate` change it between calls: a GPU that falls off the bus
 (``lost = True``: every call on it raises ``NVMLError_GpuIsLost``), a query the GPU does not support
 (``unsupported``), Xid events (:meth:`FakeNvml.inject_event`).
 

@@ -1,6 +1,6 @@
 """Simulated GPUs for tests and the demo: N fake GPUs of a chosen model and a scenario of timed faults.
 
-The simulator drives :class:`babysitter.node.fake_nvml.FakeNvml`, so the real GPU and Xid collector
+The simulator drives :class:`babysitter.node.gpu.fake.FakeNvml`, so the real GPU and Xid collector
 code paths run against it. A ticker thread moves the GPUs through a plausible training load (power,
 energy, temperature, utilization, tensor activity) and applies scenario events when they fall due.
 
@@ -10,7 +10,7 @@ A scenario is a JSON file: ``{"events": [{"at": 5, "gpu": 3, "event": "xid", "xi
 ``xid`` (``xid``: code) an NVML Xid event, plus a kernel-log line when ``kernel_log`` is set;
 ``lost`` the GPU stops answering (every NVML call raises ``NVMLError_GpuIsLost``); ``recover``;
 ``hang`` (``seconds``) every NVML call on the GPU blocks that long (0 ends it);
-``throttle`` (``reasons``: list of reason labels of :data:`babysitter.node.gpu.CLOCK_EVENT_REASONS`)
+``throttle`` (``reasons``: list of reason labels of :data:`babysitter.node.gpu.collector.CLOCK_EVENT_REASONS`)
 and ``clear_throttle``; ``ecc`` (``type``: corrected|uncorrected, ``count``);
 ``remap`` (``state``: correctable|uncorrectable|pending|failure, ``count``);
 ``nvlink`` (``link``, ``type``: replay|recovery|crc_flit|crc_data, ``count``); ``pcie_replay`` (``count``);
@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from babysitter.node import fake_nvml as F
-from babysitter.node.fake_nvml import FakeGpu, FakeNvml
+from babysitter.node.gpu import fake as F
+from babysitter.node.gpu.fake import FakeGpu, FakeNvml
 
 __all__ = [
     "BUILTIN_SCENARIOS",

@@ -1,45 +1,31 @@
-"""``babysitter top``: a live terminal view of runs and nodes, from Prometheus or straight from ``/metrics``.
+"""Where ``babysitter top`` gets its frames: Prometheus, or ``/metrics`` endpoints fetched directly.
 
-Two sources give the same :class:`Frame`:
-
-* :class:`PrometheusSource` asks a Prometheus server (instant queries and its firing alerts), so it
-  sees every run and node that Prometheus scrapes, with rates over a window;
+* :class:`PrometheusSource` asks a Prometheus server (instant queries and its active alerts, through
+  the shared :class:`~babysitter.prom.PromClient`), so it sees every run and node that Prometheus
+  scrapes, with rates over a window;
 * :class:`MetricsSource` fetches node agent or tracker ``/metrics`` endpoints itself, for a machine
   without Prometheus; step time is then the mean between two refreshes (since start on the first).
 
-:func:`render` turns a frame into rich tables; :func:`run_top` refreshes them (``once`` for one frame).
 A source never raises for an unreachable or broken endpoint: the frame carries the error instead, so
 the view keeps running while Prometheus restarts.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 from babysitter.catalog import goodput as G
 from babysitter.catalog import node as N
 from babysitter.catalog import train as T
+from babysitter.prom import PromClient, PromError
+from babysitter.views.top.frame import AlertRow, Frame, NodeRow, RunRow, gpu_key
 
-__all__ = [
-    "PROMETHEUS_METRICS",
-    "AlertRow",
-    "Frame",
-    "MetricsSource",
-    "NodeRow",
-    "PrometheusSource",
-    "RunRow",
-    "Source",
-    "render",
-    "run_top",
-]
+__all__ = ["PROMETHEUS_METRICS", "MetricsSource", "PrometheusSource"]
 
 _TIMEOUT = 5.0
 #: What :class:`PrometheusSource` queries: a distributed tier must keep these (see
@@ -59,89 +45,6 @@ PROMETHEUS_METRICS = (
     N.GPU_UTILIZATION,
 )
 _MAX_BODY = 32 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class RunRow:
-    """One training run, aggregated over its ranks."""
-
-    run: str
-    ranks: int
-    step: int | None = None
-    mfu: float | None = None
-    goodput: float | None = None
-    step_seconds: float | None = None
-    last_step_age: float | None = None
-    checkpoint_age: float | None = None
-    restarts: int | None = None
-    #: False for a run Prometheus saw within the lookback that exports nothing now (ended or died).
-    reporting: bool = True
-
-
-@dataclass(frozen=True)
-class NodeRow:
-    """One host (a node agent target): GPU health and Xid errors."""
-
-    instance: str
-    gpus: int
-    lost: tuple[str, ...] = ()
-    xids: dict[str, int] = field(default_factory=dict)
-    max_temperature: float | None = None
-    mean_utilization: float | None = None
-
-    @property
-    def gpus_up(self) -> int:
-        """GPUs answering their health queries."""
-        return self.gpus - len(self.lost)
-
-
-@dataclass(frozen=True)
-class AlertRow:
-    """One active alert (firing or pending) as Prometheus reports it."""
-
-    name: str
-    state: str
-    severity: str
-    labels: dict[str, str]
-    since: float | None
-    summary: str = ""
-
-    def subject(self) -> str:
-        """The labels that tell what the alert is about (run, host, GPU...)."""
-        keys = ("run", "instance", "gpu", "xid", "path", "step")
-        return " ".join(f"{k}={self.labels[k]}" for k in keys if k in self.labels)
-
-
-@dataclass(frozen=True)
-class Frame:
-    """Everything one refresh of the view shows."""
-
-    time: float
-    source: str
-    runs: tuple[RunRow, ...] = ()
-    nodes: tuple[NodeRow, ...] = ()
-    alerts: tuple[AlertRow, ...] | None = None  # None: the source cannot know (plain /metrics)
-    errors: tuple[str, ...] = ()
-
-    def alerts_for_run(self, run: str) -> list[AlertRow]:
-        """Firing alerts labeled with ``run``."""
-        return [a for a in self.alerts or () if a.state == "firing" and a.labels.get("run") == run]
-
-    def alerts_for_node(self, instance: str) -> list[AlertRow]:
-        """Firing alerts about ``instance`` that carry no run label."""
-        return [
-            a
-            for a in self.alerts or ()
-            if a.state == "firing" and a.labels.get("instance") == instance and "run" not in a.labels
-        ]
-
-
-class Source(Protocol):
-    """Where frames come from."""
-
-    def frame(self) -> Frame:
-        """The current state; never raises for remote failures (they go into ``errors``)."""
-        ...
 
 
 def _get(url: str, timeout: float) -> bytes:
@@ -173,28 +76,17 @@ class PrometheusSource:
     def __init__(
         self, url: str, *, window: str = "1m", lookback: str = "15m", timeout: float = _TIMEOUT
     ) -> None:
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"--prometheus needs an http(s) URL such as http://127.0.0.1:9090, got {url!r}")
-        self.url = url.rstrip("/")
+        self._client = PromClient(url, timeout=timeout)
+        self.url = self._client.url
         self.window = window
         self.lookback = lookback
         self.timeout = timeout
 
-    def _query(self, expr: str) -> list[dict[str, Any]]:
-        body = json.loads(
-            _get(f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", self.timeout)
-        )
-        if body.get("status") != "success":
-            raise ValueError(f"query failed: {body.get('error', body)}")
-        result = body["data"]["result"]
-        return result if isinstance(result, list) else []
-
     def _by(self, expr: str, key: str) -> dict[str, float]:
         out: dict[str, float] = {}
-        for item in self._query(expr):
-            value = _finite(item["value"][1])
-            name = item["metric"].get(key)
+        for sample in self._client.query(expr):
+            value = _finite(sample.value)
+            name = sample.labels.get(key)
             if name is not None and value is not None:
                 out[name] = value
         return out
@@ -206,8 +98,8 @@ class PrometheusSource:
         def by(expr: str, key: str) -> dict[str, float]:
             try:
                 return self._by(expr, key)
-            except (OSError, ValueError, KeyError, IndexError) as exc:
-                errors.append(f"{self.url}: {exc}")
+            except PromError as exc:
+                errors.append(str(exc))
                 return {}
 
         w = self.window
@@ -254,31 +146,29 @@ class PrometheusSource:
 
     def _nodes(self, errors: list[str]) -> tuple[NodeRow, ...]:
         try:
-            up = self._query(N.GPU_UP.name)
-            xids = self._query(f"sum by (instance, gpu, xid) ({N.GPU_XID_ERRORS.name})")
+            up = self._client.query(N.GPU_UP.name)
+            xids = self._client.query(f"sum by (instance, gpu, xid) ({N.GPU_XID_ERRORS.name})")
             temps = self._by(f"max by (instance) ({N.GPU_TEMPERATURE.name})", "instance")
             util = self._by(f"avg by (instance) ({N.GPU_UTILIZATION.name})", "instance")
-        except (OSError, ValueError, KeyError, IndexError) as exc:
-            errors.append(f"{self.url}: {exc}")
+        except PromError as exc:
+            errors.append(str(exc))
             return ()
         gpus: dict[str, dict[str, bool]] = {}
         for item in up:
-            labels = item["metric"]
-            gpus.setdefault(labels.get("instance", "?"), {})[labels.get("gpu", "?")] = (
-                _finite(item["value"][1]) == 1.0
+            gpus.setdefault(item.labels.get("instance", "?"), {})[item.labels.get("gpu", "?")] = (
+                _finite(item.value) == 1.0
             )
         counts: dict[str, dict[str, int]] = {}
         for item in xids:
-            labels = item["metric"]
-            value = _finite(item["value"][1]) or 0.0
-            per = counts.setdefault(labels.get("instance", "?"), {})
-            code = labels.get("xid", "?")
+            value = _finite(item.value) or 0.0
+            per = counts.setdefault(item.labels.get("instance", "?"), {})
+            code = item.labels.get("xid", "?")
             per[code] = per.get(code, 0) + int(value)
         return tuple(
             NodeRow(
                 instance=instance,
                 gpus=len(gpus.get(instance, {})),
-                lost=tuple(sorted((g for g, ok in gpus.get(instance, {}).items() if not ok), key=_gpu_key)),
+                lost=tuple(sorted((g for g, ok in gpus.get(instance, {}).items() if not ok), key=gpu_key)),
                 xids={k: v for k, v in sorted(counts.get(instance, {}).items()) if v > 0},
                 max_temperature=temps.get(instance),
                 mean_utilization=util.get(instance),
@@ -288,10 +178,9 @@ class PrometheusSource:
 
     def _alerts(self, errors: list[str]) -> tuple[AlertRow, ...] | None:
         try:
-            body = json.loads(_get(f"{self.url}/api/v1/alerts", self.timeout))
-            raw = body["data"]["alerts"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            errors.append(f"{self.url}/api/v1/alerts: {exc}")
+            raw = self._client.alerts()
+        except PromError as exc:
+            errors.append(str(exc))
             return None
         rows = []
         for item in raw:
@@ -326,11 +215,6 @@ def _parse_rfc3339(text: object) -> float | None:
 
 def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
-
-
-def _gpu_key(label: str) -> tuple[int, str]:
-    """Numeric labels (GPU index, Xid code) in numeric order, others after them."""
-    return (int(label), "") if label.isdigit() else (1 << 30, label)
 
 
 # ----------------------------------------------------------------------------------------- /metrics
@@ -402,7 +286,7 @@ class _Scraped:
         return NodeRow(
             instance=instance,
             gpus=len(gpus),
-            lost=tuple(sorted((g for g, ok in gpus.items() if not ok), key=_gpu_key)),
+            lost=tuple(sorted((g for g, ok in gpus.items() if not ok), key=gpu_key)),
             xids=dict(sorted(self.xids.get(instance, {}).items())),
             max_temperature=self.temps.get(instance),
             mean_utilization=sum(utils) / len(utils) if utils else None,
@@ -485,118 +369,3 @@ class MetricsSource:
 
 
 # ------------------------------------------------------------------------------------------- render
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
-
-
-def _secs(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value < 1:
-        return f"{value * 1000:.0f}ms"
-    if value < 120:
-        return f"{value:.1f}s"
-    if value < 7200:
-        return f"{value / 60:.0f}m"
-    return f"{value / 3600:.1f}h"
-
-
-def render(frame: Frame) -> Any:
-    """The frame as a rich renderable: a runs table, a nodes table, the firing alerts, errors."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    stamp = time.strftime("%H:%M:%S", time.localtime(frame.time))
-    parts: list[Any] = [Text(f"babysitter top  {stamp}  {frame.source}", style="bold")]
-    runs = Table(title="Runs", title_justify="left", expand=False)
-    for col in ("run", "ranks", "step", "MFU", "goodput", "step time", "last step", "last ckpt", "restarts"):
-        runs.add_column(col, justify="left" if col == "run" else "right")
-    if frame.alerts is not None:
-        runs.add_column("firing alerts")
-    for row in frame.runs:
-        stale = row.last_step_age is not None and row.last_step_age > max(30.0, 10 * (row.step_seconds or 0))
-        cells: list[Any] = [
-            row.run if row.reporting else Text(f"{row.run} (not reporting)", style="bold red"),
-            str(row.ranks),
-            "-" if row.step is None else str(row.step),
-            _pct(row.mfu),
-            _pct(row.goodput),
-            _secs(row.step_seconds),
-            Text(_secs(row.last_step_age), style="bold red" if stale else ""),
-            _secs(row.checkpoint_age),
-            "-" if row.restarts is None else str(row.restarts),
-        ]
-        if frame.alerts is not None:
-            cells.append(Text(", ".join(a.name for a in frame.alerts_for_run(row.run)), style="red"))
-        runs.add_row(*cells)
-    if not frame.runs:
-        runs.add_row("(no runs)", *[""] * (len(runs.columns) - 1))
-    parts.append(runs)
-    nodes = Table(title="Nodes", title_justify="left", expand=False)
-    for col in ("node", "GPUs up", "lost", "Xid (code x count)", "max temp", "util"):
-        nodes.add_column(col, justify="left" if col in ("node", "lost", "Xid (code x count)") else "right")
-    if frame.alerts is not None:
-        nodes.add_column("firing alerts")
-    for node in frame.nodes:
-        healthy = not node.lost
-        cells = [
-            node.instance,
-            Text(f"{node.gpus_up}/{node.gpus}", style="green" if healthy else "bold red"),
-            Text(",".join(node.lost) or "-", style="" if healthy else "bold red"),
-            Text(
-                " ".join(f"{code}x{node.xids[code]}" for code in sorted(node.xids, key=_gpu_key)) or "-",
-                style="yellow" if node.xids else "",
-            ),
-            "-" if node.max_temperature is None else f"{node.max_temperature:.0f}C",
-            _pct(node.mean_utilization),
-        ]
-        if frame.alerts is not None:
-            cells.append(Text(", ".join(a.name for a in frame.alerts_for_node(node.instance)), style="red"))
-        nodes.add_row(*cells)
-    if not frame.nodes:
-        nodes.add_row("(no nodes)", *[""] * (len(nodes.columns) - 1))
-    parts.append(nodes)
-    if frame.alerts is not None:
-        alerts = Table(title="Alerts", title_justify="left", expand=False)
-        for col in ("alert", "state", "severity", "about", "for"):
-            alerts.add_column(col)
-        for a in frame.alerts:
-            since = "-" if a.since is None else _secs(max(0.0, frame.time - a.since))
-            style = "bold red" if a.state == "firing" and a.severity == "critical" else None
-            alerts.add_row(a.name, a.state, a.severity, a.subject(), since, style=style)
-        if not frame.alerts:
-            alerts.add_row("(none)", "", "", "", "")
-        parts.append(alerts)
-    for error in frame.errors[:5]:
-        parts.append(Text(f"! {error}", style="yellow"))
-    return Group(*parts)
-
-
-def run_top(
-    source: Source,
-    *,
-    console: Any = None,
-    interval: float = 2.0,
-    once: bool = False,
-    stop: Callable[[], bool] | None = None,
-) -> int:
-    """Show frames until Ctrl-C (or ``stop()``); ``once`` prints one. 0, or 1 when nothing answered."""
-    from rich.console import Console
-    from rich.live import Live
-
-    console = console or Console()
-    if once:
-        frame = source.frame()
-        console.print(render(frame))
-        return 1 if frame.errors and not frame.runs and not frame.nodes else 0
-    try:
-        with Live(render(source.frame()), console=console, refresh_per_second=4, screen=False) as live:
-            while not (stop and stop()):
-                time.sleep(interval)
-                live.update(render(source.frame()))
-    except KeyboardInterrupt:
-        pass
-    return 0

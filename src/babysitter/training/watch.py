@@ -13,14 +13,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from babysitter import __version__
-from babysitter._setup import TrackerConfig, resolve
-from babysitter.deferred import LossReader
-from babysitter.events import NullEvents, RunEvents
+from babysitter._version import __version__
 from babysitter.export.http import TLSConfig, serve
-from babysitter.export.prometheus import TrackerCollector
-from babysitter.timing import CudaStepTimer
-from babysitter.tracker import Tracker
+from babysitter.training.collector import TrackerCollector
+from babysitter.training.config import TrackerConfig, resolve
+from babysitter.training.events import NullEvents, RunEvents
+from babysitter.training.loss import LossReader
+from babysitter.training.timing import CudaStepTimer
+from babysitter.training.tracker import Tracker
 
 __all__ = ["watch"]
 
@@ -163,7 +163,7 @@ def watch(
         straggler_timeout=straggler_timeout,
     )
     if otlp_endpoint is not None:
-        from babysitter.export.otlp import _endpoint
+        from babysitter.training.otlp import _endpoint
 
         _endpoint(otlp_endpoint)  # a malformed URL fails here, before training
     timer, loss_reader = _cuda_parts(config)
@@ -189,7 +189,7 @@ def watch(
     _export(tracker, config)
     _start_runtime(tracker, runtime)
     if otlp_endpoint is not None:
-        from babysitter.export.otlp import OtlpPusher
+        from babysitter.training.otlp import OtlpPusher
 
         OtlpPusher(tracker, otlp_endpoint, interval=otlp_interval, headers=otlp_headers).start()
     tracker.start_housekeeping()
@@ -220,7 +220,7 @@ def _runtime_parts(
         or not straggler_timeout > 0
     ):
         raise ValueError(f"straggler_timeout must be a positive number of seconds, got {straggler_timeout!r}")
-    from babysitter.watchdog import validate_options
+    from babysitter.training.watchdog import validate_options
 
     watchdog = {
         "timeout": None if hang_timeout == "auto" else hang_timeout,
@@ -239,8 +239,8 @@ def _runtime_parts(
 
 
 def _start_runtime(tracker: Tracker, runtime: dict[str, Any]) -> None:
-    from babysitter.straggler import StragglerMonitor
-    from babysitter.watchdog import Watchdog
+    from babysitter.training.straggler import StragglerMonitor
+    from babysitter.training.watchdog import Watchdog
 
     if runtime["hang"]:
         Watchdog(tracker, **runtime["watchdog"]).start()

@@ -1,7 +1,7 @@
 """The narrow protocol over ``pynvml`` (nvidia-ml-py): the calls the node agent makes, and how it loads them.
 
 The GPU collector talks to NVML only through an object of this shape: the real ``pynvml`` module on a
-GPU host, :class:`babysitter.node.fake_nvml.FakeNvml` in tests and the simulator. Both have the same
+GPU host, :class:`babysitter.node.gpu.fake.FakeNvml` in tests and the simulator. Both have the same
 function names, return shapes and ``NVMLError_*`` classes; constants and error classes are read off
 the object (``lib.NVML_CLOCK_SM``, ``lib.NVMLError_GpuIsLost``), never imported separately, so one
 code path serves both.

@@ -21,15 +21,15 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
-from babysitter import __version__
-from babysitter._errors import Tally
-from babysitter._hist import Histogram, HistogramSnapshot
-from babysitter._setup import TrackerConfig
+from babysitter._version import __version__
 from babysitter.catalog import train as T
-from babysitter.deferred import LossReader
-from babysitter.events import NullEvents, RunEvents
 from babysitter.ledger.records import MAX_INT as _MAX_STEP
-from babysitter.timing import CudaStepTimer
+from babysitter.training.config import TrackerConfig
+from babysitter.training.events import NullEvents, RunEvents
+from babysitter.training.histogram import Histogram, HistogramSnapshot
+from babysitter.training.loss import LossReader
+from babysitter.training.tally import Tally
+from babysitter.training.timing import CudaStepTimer
 
 __all__ = ["CheckpointHandle", "Tracker", "TrackerSnapshot"]
 

@@ -3,7 +3,7 @@
 Trackers register their endpoint in the registration directory (:mod:`babysitter.registration`). At
 each scrape the agent lists it with a :class:`~babysitter.registration.Scanner` (which skips, counts
 and logs every file it cannot vouch for), fetches every live endpoint concurrently within a total
-deadline (:mod:`babysitter.node.fetch`), and re-serves the parsed families. So Prometheus needs one
+deadline (:mod:`babysitter.node.workloads.fetch`), and re-serves the parsed families. So Prometheus needs one
 scrape target per host, however many jobs and ranks run there.
 
 The directory is shared by every user of the host, so a trainer's output is bound to its
@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from babysitter import registration
 from babysitter.catalog import node as N
-from babysitter.node.fetch import FETCH_ERRORS, Fetched, Fetcher, FetchError
+from babysitter.node.workloads.fetch import FETCH_ERRORS, Fetched, Fetcher, FetchError
 
 __all__ = ["ERRORS", "RESERVED_PREFIXES", "TrainersCollector"]
 

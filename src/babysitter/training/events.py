@@ -9,13 +9,16 @@ Times are Unix seconds (``time.time()`` scale), step numbers are global steps.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal, Protocol
+from typing import Protocol
 
 from prometheus_client.core import Metric
 
+from babysitter.ledger.records import Op
+
 __all__ = ["CheckpointKind", "NullEvents", "RunEvents"]
 
-CheckpointKind = Literal["save", "load"]
+#: A checkpoint save or load: the ledger's vocabulary, which the sink records as it is.
+CheckpointKind = Op
 
 
 class RunEvents(Protocol):

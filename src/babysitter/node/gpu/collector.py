@@ -29,7 +29,7 @@ from prometheus_client.core import Metric
 from babysitter.catalog import node as N
 from babysitter.catalog._spec import MetricSpec
 from babysitter.node.collector import GpuIdentity
-from babysitter.node.nvml import Nvml, NvmlUnavailable, error_name
+from babysitter.node.gpu.nvml import Nvml, NvmlUnavailable, error_name
 
 __all__ = ["CLOCK_EVENT_REASONS", "EXPORTED_CLOCK_EVENT_REASONS", "GpuCollector"]
 

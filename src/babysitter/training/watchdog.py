@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter.catalog import runtime as R
-from babysitter.tracker import Tracker
+from babysitter.training.tracker import Tracker
 
 __all__ = ["Watchdog", "default_dump_dir", "validate_options"]
 

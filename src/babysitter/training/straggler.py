@@ -38,7 +38,7 @@ from collections import deque
 from typing import Any
 
 from babysitter.catalog import runtime as R
-from babysitter.tracker import Tracker
+from babysitter.training.tracker import Tracker
 
 __all__ = ["StragglerMonitor", "scores"]
 

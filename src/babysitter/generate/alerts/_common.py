@@ -1,0 +1,121 @@
+"""What the alert modules share: the rule and test types, Go-template snippets, and the label sets that
+promtool input series carry in a real deployment. Private to the package: the helpers keep the short
+underscored names the alert definitions were written with."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from babysitter.catalog import MetricSpec
+from babysitter.catalog import node as N
+from babysitter.catalog import train as T
+from babysitter.generate.config import GenerateConfig, parse_duration
+from babysitter.generate.promql import eq
+
+__all__ = ["Alert", "AlertTest", "Labels"]
+
+Labels = Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class AlertTest:
+    """promtool input series and expectations for one alert (written for the default config)."""
+
+    series: tuple[tuple[str, str], ...]
+    #: Eval times at which the alert must not fire, with why (before ``for:``, below threshold...).
+    quiet: tuple[tuple[str, str], ...]
+    fire_at: str
+    #: Labels of each alert expected at ``fire_at`` (besides severity and component), in order.
+    fire_labels: tuple[Labels, ...]
+    #: Expected summary and description, rendered, one pair per firing alert.
+    fire_text: tuple[tuple[str, str], ...]
+    interval: str = "1m"
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alerting rule and its test."""
+
+    name: str
+    expr: str
+    severity: str
+    component: str
+    summary: str
+    description: str
+    for_: str
+    test: AlertTest | None = field(default=None, compare=False)
+
+    def rule(self, cfg: GenerateConfig) -> dict[str, object]:
+        """The rule as it goes into the rule file."""
+        rule: dict[str, object] = {"alert": self.name, "expr": self.expr}
+        if parse_duration(self.for_) > 0:
+            rule["for"] = self.for_
+        rule["labels"] = {"component": self.component, "severity": self.severity}
+        rule["annotations"] = {
+            "description": self.description,
+            "runbook_url": cfg.runbook_url(self.name),
+            "summary": self.summary,
+        }
+        return rule
+
+
+def _l(name: str) -> str:
+    return "{{ $labels.%s }}" % name  # noqa: UP031 - braces of Go templates fight f-strings
+
+
+_V = "{{ $value | humanize }}"
+_STEP = '{{ $value | printf "%.0f" }}'
+_VD = "{{ $value | humanizeDuration }}"
+_VP = "{{ $value | humanizePercentage }}"
+
+
+def _series(spec: MetricSpec, labels: Labels, suffix: str = "") -> str:
+    """A promtool input series name for a catalog entry."""
+    inner = ", ".join(eq(key, value) for key, value in labels.items())
+    return f"{spec.name}{suffix}{{{inner}}}"
+
+
+def _up_series(labels: Labels) -> str:
+    inner = ", ".join(eq(key, value) for key, value in labels.items())
+    return f"up{{{inner}}}"
+
+
+# Test fixtures: the label sets series carry in a real deployment (tracker series come through the
+# node agent, so they carry its job and instance too).
+_TRAIN = {"cluster": "c1", "instance": "n1:9400", "job": "babysitter-node", "run": "r1", "rank": "0"}
+_GPU = {
+    "cluster": "c1",
+    "gpu": "3",
+    "instance": "n1:9400",
+    "job": "babysitter-node",
+    "model": "NVIDIA H100 80GB HBM3",
+    "pci_bus_id": "0000:9b:00",
+    "uuid": "GPU-8c5d3f3a",
+}
+
+
+def _with(base: Labels, **extra: str) -> dict[str, str]:
+    return {**base, **extra}
+
+
+def _run_labels(run: str = "r1") -> dict[str, str]:
+    return {"cluster": "c1", "run": run}
+
+
+def _gpu_labels(**extra: str) -> dict[str, str]:
+    keep = ("cluster", "instance", *N.GPU_LABELS)
+    return {**{key: _GPU[key] for key in keep}, **extra}
+
+
+def _stepping(labels: Labels, values: str) -> tuple[tuple[str, str], ...]:
+    """A rank whose last-step time and 1 s steps follow ``values`` (seconds since the test began)."""
+    return (
+        (_series(T.LAST_STEP_TIMESTAMP, labels), values),
+        (_series(T.STEP_DURATION, labels, "_sum"), values),
+        (_series(T.STEP_DURATION, labels, "_count"), values),
+    )
+
+
+def _node_labels() -> dict[str, str]:
+    return {key: _GPU[key] for key in ("cluster", "instance", "job")}

@@ -1,0 +1,181 @@
+"""Checkpoint alerts: saves that fail, run slow or are overdue, and checkpoints the ledger records that
+the sentinel cannot find."""
+
+from __future__ import annotations
+
+from babysitter.catalog import storage as S
+from babysitter.catalog import train as T
+from babysitter.generate.alerts._common import (
+    _STEP,
+    _TRAIN,
+    _V,
+    _VD,
+    Alert,
+    AlertTest,
+    _l,
+    _node_labels,
+    _run_labels,
+    _series,
+    _with,
+)
+from babysitter.generate.config import GenerateConfig
+from babysitter.generate.promql import by, new_or_increased, select
+from babysitter.generate.rules import Records
+
+__all__ = ["checkpoint_alerts"]
+
+
+def checkpoint_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
+    ts, ns, c = cfg.tracker_selector, cfg.node_selector, cfg.cluster_label
+    run, on_run = by(r.run_key), f"on ({', '.join(r.run_key)})"
+    last = select(T.CKPT_LAST_SUCCESS, ts)
+    start = select(T.RUN_START_TIMESTAMP, ts)
+    # The reference time: the last successful save, or the incarnation's start before any save.
+    since = f"(max {run} ({last} > 0) or {on_run} max {run} ({start}))"
+    limit = cfg.checkpoint_overdue_max_seconds
+    overdue = Alert(
+        name="CheckpointOverdue",
+        expr=(
+            f"time() - {since}\n> {on_run}\n"
+            f"(\n  clamp_max({cfg.checkpoint_overdue_factor:g} * {r.checkpoint_interval}, {limit})\n"
+            f"  or {on_run}\n  (0 * {since} + {limit})\n)"
+        ),
+        severity="warning",
+        component="checkpoint",
+        summary=f"Run {_l('run')} has not saved a checkpoint for {_VD}.",
+        description=(
+            f"The last successful checkpoint save of run {_l('run')} on cluster {_l(c)} was {_VD} ago, "
+            f"more than {cfg.checkpoint_overdue_factor:g}x its observed save interval (at most {limit}s). "
+            f"A crash now loses all of that progress."
+        ),
+        for_=cfg.checkpoint_overdue_for,
+        test=AlertTest(
+            series=(
+                (_series(T.CKPT_LAST_SUCCESS, _TRAIN), "_x10 600+0x29 2400+0x29 4200+0x29 6000+0x120"),
+                (_series(T.RUN_START_TIMESTAMP, _TRAIN), "0+0x220"),
+                (
+                    _series(T.CKPT_LAST_SUCCESS, _with(_TRAIN, run="r2")),
+                    "_x10 600+0x29 2400+0x29 4200+0x29 6000+0x29 7800+0x29 9600+0x29 11400+0x29",
+                ),
+                (_series(T.RUN_START_TIMESTAMP, _with(_TRAIN, run="r2")), "0+0x220"),
+            ),
+            quiet=(("150m", "within 2x the 30 min interval"), ("165m", "before for:")),
+            fire_at="170m",
+            fire_labels=(_run_labels(),),
+            fire_text=(
+                (
+                    "Run r1 has not saved a checkpoint for 1h 10m 0s.",
+                    "The last successful checkpoint save of run r1 on cluster c1 was 1h 10m 0s ago, more "
+                    "than 2x its observed save interval (at most 14400s). A crash now loses all of that "
+                    "progress.",
+                ),
+            ),
+        ),
+    )
+    fw = cfg.checkpoint_failure_window
+    failing = Alert(
+        name="CheckpointSaveFailing",
+        expr=f"sum {run} (\n  {new_or_increased(select(T.CKPT_FAILURES, ts), fw)}\n)",
+        severity="critical",
+        component="checkpoint",
+        summary=f"Checkpoint saves of run {_l('run')} are failing.",
+        description=(
+            f"{_V} checkpoint saves of run {_l('run')} on cluster {_l(c)} raised an error in the last {fw}. "
+            f"Until one succeeds, every step is at risk."
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=(
+                (_series(T.CKPT_FAILURES, _TRAIN), "0+0x30 1+0x30"),
+                (_series(T.CKPT_FAILURES, _with(_TRAIN, run="r2")), "0+0x60"),
+            ),
+            quiet=(("30m", "no failure yet"), ("65m", "the failure left the window")),
+            fire_at="35m",
+            fire_labels=(_run_labels(),),
+            fire_text=(
+                (
+                    "Checkpoint saves of run r1 are failing.",
+                    "1 checkpoint saves of run r1 on cluster c1 raised an error in the last 30m. Until one "
+                    "succeeds, every step is at risk.",
+                ),
+            ),
+        ),
+    )
+    sw = cfg.checkpoint_slow_window
+    save_sum = select(T.CKPT_SAVE_DURATION, ts, suffix="_sum")
+    save_count = select(T.CKPT_SAVE_DURATION, ts, suffix="_count")
+    slow = Alert(
+        name="CheckpointSaveSlow",
+        expr=(
+            # "> 0" keeps a restart (the histogram starting over) from dividing by a zero rate.
+            f"max {run} (\n  rate({save_sum}[{sw}])\n  /\n  (rate({save_count}[{sw}]) > 0)\n)"
+            f" > {cfg.checkpoint_save_slow_seconds:g}"
+        ),
+        severity="warning",
+        component="checkpoint",
+        summary=f"Checkpoint saves of run {_l('run')} take {_VD}.",
+        description=(
+            f"Checkpoint saves of run {_l('run')} on cluster {_l(c)} blocked training for {_VD} on average "
+            f"over the last {sw} (threshold {cfg.checkpoint_save_slow_seconds:g}s). Check the storage probe "
+            f"of the run's nodes."
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=(
+                (_series(T.CKPT_SAVE_DURATION, _TRAIN, "_sum"), "0+0x10 900+0x20"),
+                (_series(T.CKPT_SAVE_DURATION, _TRAIN, "_count"), "0+0x10 1+0x20"),
+                (_series(T.CKPT_SAVE_DURATION, _with(_TRAIN, run="r2"), "_sum"), "0+0x10 60+0x20"),
+                (_series(T.CKPT_SAVE_DURATION, _with(_TRAIN, run="r2"), "_count"), "0+0x10 1+0x20"),
+            ),
+            quiet=(("10m", "no save yet"),),
+            fire_at="20m",
+            fire_labels=(_run_labels(),),
+            fire_text=(
+                (
+                    "Checkpoint saves of run r1 take 15m 0s.",
+                    "Checkpoint saves of run r1 on cluster c1 blocked training for 15m 0s on average over "
+                    "the last 2h (threshold 600s). Check the storage probe of the run's nodes.",
+                ),
+            ),
+        ),
+    )
+    missing_key = (c, "run")
+    missing = Alert(
+        name="CheckpointMissing",
+        # The value is the newest missing step (the sentinel counts missing checkpoints per run and
+        # names the newest, instead of a series per step).
+        expr=(
+            f"max {by(missing_key)} ({select(S.CHECKPOINT_MISSING_STEP, ns)})\n"
+            f"and on ({', '.join(missing_key)})\n"
+            f"max {by(missing_key)} ({select(S.CHECKPOINT_MISSING, ns)}) > 0"
+        ),
+        severity="critical",
+        component="checkpoint",
+        summary=f"Checkpoint of step {_STEP} of run {_l('run')} is missing.",
+        description=(
+            f"The ledger of run {_l('run')} on cluster {_l(c)} records a completed checkpoint of step "
+            f"{_STEP}, but the sentinel finds it missing or of the wrong size (and maybe older ones: see "
+            f"{S.CHECKPOINT_MISSING.name}). A restart from it would fail; the last good checkpoint is older."
+        ),
+        for_=cfg.checkpoint_missing_for,
+        test=AlertTest(
+            series=(
+                (_series(S.CHECKPOINT_MISSING, _with(_node_labels(), run="r1")), "0+0x5 1+0x20"),
+                (_series(S.CHECKPOINT_MISSING_STEP, _with(_node_labels(), run="r1")), "_x5 4000+0x20"),
+                (_series(S.CHECKPOINT_MISSING, _with(_node_labels(), run="r2")), "0+0x25"),
+            ),
+            quiet=(("5m", "present"), ("7m", "before for:")),
+            fire_at="10m",
+            fire_labels=({"cluster": "c1", "run": "r1"},),
+            fire_text=(
+                (
+                    "Checkpoint of step 4000 of run r1 is missing.",
+                    "The ledger of run r1 on cluster c1 records a completed checkpoint of step 4000, but the "
+                    "sentinel finds it missing or of the wrong size (and maybe older ones: see "
+                    f"{S.CHECKPOINT_MISSING.name}). A restart from it would fail; the last good checkpoint "
+                    "is older.",
+                ),
+            ),
+        ),
+    )
+    return [overdue, failing, slow, missing]

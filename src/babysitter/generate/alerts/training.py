@@ -1,0 +1,350 @@
+"""Training alerts: a run that stalls, exits, loses its target, slows down, straggles, wastes its time
+or writes no ledger."""
+
+from __future__ import annotations
+
+from babysitter.catalog import goodput as G
+from babysitter.catalog import node as N
+from babysitter.catalog import runtime as R
+from babysitter.catalog import train as T
+from babysitter.generate.alerts._common import (
+    _TRAIN,
+    _V,
+    _VD,
+    _VP,
+    Alert,
+    AlertTest,
+    _l,
+    _node_labels,
+    _run_labels,
+    _series,
+    _stepping,
+    _up_series,
+    _with,
+)
+from babysitter.generate.config import GenerateConfig
+from babysitter.generate.promql import by, new_or_increased, select
+from babysitter.generate.rules import Records
+
+__all__ = ["training_alerts"]
+
+
+def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
+    ts, c = cfg.tracker_selector, cfg.cluster_label
+    run, on_run = by(r.run_key), f"on ({', '.join(r.run_key)})"
+    stall_min = cfg.stall_min_seconds
+    remembered = f"max_over_time({r.last_step}[{cfg.stall_lookback_window}])"
+    not_answering = f"max {run} ({select(N.TRAINER_SCRAPE_SUCCESS, cfg.node_selector)} == 0)"
+    stalled = Alert(
+        name="TrainingStalled",
+        # Answering ranks report the tracker's own stall clock, which pauses during checkpoints and marked
+        # phases (a 20-minute save is not a stall); the slowest-to-stall rank decides. A run whose ranks
+        # no longer answer the node agent (stopped, hard hang) falls back to the age of its last step,
+        # remembered after its series vanish; so does a tracker too old to export the stall clock. A run
+        # that finished unregistered itself and matches neither.
+        expr=(
+            f"(\n  min {run} ({select(R.STALLED_SECONDS, ts)})\n  or {on_run}\n"
+            f"  (\n    time() - {remembered}\n    and {on_run}\n"
+            f"    ({r.last_step} or {on_run} {not_answering})\n  )\n)\n> {on_run}\n"
+            f"(\n  ({cfg.stall_step_factor:g} * {r.step_baseline} > {stall_min})\n  or {on_run}\n"
+            f"  (0 * {remembered} + {stall_min})\n)"
+        ),
+        severity="critical",
+        component="training",
+        summary=f"Run {_l('run')} has not finished a step for {_VD}.",
+        description=(
+            f"No rank of run {_l('run')} on cluster {_l(c)} finished a training step for {_VD}; the stall "
+            f"threshold is max({stall_min}s, {cfg.stall_step_factor:g} x the run's mean step time over "
+            f"{cfg.stall_baseline_window}). The job hangs (collective, data loader, storage) or is stopped."
+        ),
+        for_=cfg.stall_for,
+        test=AlertTest(
+            series=(
+                # r1 hangs but its endpoint still answers; r2 keeps stepping.
+                *_stepping(_TRAIN, "0+60x20 1200+0x40"),
+                *_stepping(_with(_TRAIN, run="r2"), "0+60x60"),
+                # r3 is stopped (SIGSTOP): its series vanish, the node agent's fetch of it fails.
+                *_stepping(_with(_TRAIN, run="r3"), "0+60x20"),
+                (_series(N.TRAINER_SCRAPE_SUCCESS, _with(_TRAIN, run="r3")), "1+0x20 0+0x40"),
+                # r4 finished cleanly: series and registration gone.
+                *_stepping(_with(_TRAIN, run="r4"), "0+60x20"),
+                (_series(N.TRAINER_SCRAPE_SUCCESS, _with(_TRAIN, run="r4")), "1+0x20"),
+                # r5 saves a long checkpoint: no step for 40 min, but its stall clock is paused.
+                *_stepping(_with(_TRAIN, run="r5"), "0+60x20 1200+0x40"),
+                (_series(R.STALLED_SECONDS, _with(_TRAIN, run="r5")), "0+0x60"),
+                # r6 hangs and its tracker says so; rank 1 of it is still (barely) stepping.
+                *_stepping(_with(_TRAIN, run="r6"), "0+60x20 1200+0x40"),
+                (_series(R.STALLED_SECONDS, _with(_TRAIN, run="r6")), "0+0x20 60+60x40"),
+                (_series(R.STALLED_SECONDS, _with(_TRAIN, run="r6", rank="1")), "0+0x20 30+60x40"),
+            ),
+            quiet=(("25m", "5 min without a step is below the 10 min minimum"), ("31m", "before for:")),
+            fire_at="32m",
+            fire_labels=(_run_labels(), _run_labels("r3"), _run_labels("r6")),
+            fire_text=tuple(
+                (
+                    f"Run {run_name} has not finished a step for {age}.",
+                    f"No rank of run {run_name} on cluster c1 finished a training step for {age}; the stall "
+                    "threshold is max(600s, 10 x the run's mean step time over 1h). The job hangs "
+                    "(collective, data loader, storage) or is stopped.",
+                )
+                for run_name, age in (("r1", "12m 0s"), ("r3", "12m 0s"), ("r6", "11m 30s"))
+            ),
+        ),
+    )
+    dropped = select(N.TRAINER_REGISTRATIONS_DROPPED, cfg.node_selector)
+    exited = Alert(
+        name="TrainingProcessExited",
+        expr=f"sum by ({c}, instance) (\n  {new_or_increased(dropped, cfg.trainer_exit_window)}\n)",
+        severity="warning",
+        component="training",
+        summary=f"A training process on {_l('instance')} exited without closing its tracker.",
+        description=(
+            f"{_V} training processes on {_l('instance')} (cluster {_l(c)}) died in the last "
+            f"{cfg.trainer_exit_window} without unregistering (crash, OOM kill, SIGKILL). If the job does "
+            f"not restart, nothing else pages: its series are gone."
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=(
+                (_series(N.TRAINER_REGISTRATIONS_DROPPED, _node_labels()), "0+0x10 1+0x20"),
+                (
+                    _series(N.TRAINER_REGISTRATIONS_DROPPED, _with(_node_labels(), instance="n2:9400")),
+                    "0+0x30",
+                ),
+            ),
+            quiet=(("10m", "no exit yet"), ("25m", "the exit left the window")),
+            fire_at="12m",
+            fire_labels=({"cluster": "c1", "instance": "n1:9400"},),
+            fire_text=(
+                (
+                    "A training process on n1:9400 exited without closing its tracker.",
+                    "1 training processes on n1:9400 (cluster c1) died in the last 10m without unregistering "
+                    "(crash, OOM kill, SIGKILL). If the job does not restart, nothing else pages: its series "
+                    "are gone.",
+                ),
+            ),
+        ),
+    )
+    target_labels = {"cluster": "c1", "instance": "n1:8000", "job": "babysitter-train"}
+    train_down = Alert(
+        name="TrainingTargetDown",
+        expr=f"up{{{cfg.tracker_up_selector}}} == 0",
+        severity="warning",
+        component="training",
+        summary=f"Training metrics endpoint {_l('instance')} is down.",
+        description=(
+            f"Prometheus has not scraped {_l('job')} at {_l('instance')} for {cfg.target_down_for}: the "
+            "training process died, hangs hard, or its port is unreachable. Its run's alerts are blind."
+        ),
+        for_=cfg.target_down_for,
+        test=AlertTest(
+            series=(
+                (_up_series(target_labels), "1+0x5 0+0x10"),
+                (_up_series(_with(target_labels, instance="n2:8000")), "1+0x15"),
+            ),
+            quiet=(("5m", "target up"), ("10m", "before for:")),
+            fire_at="12m",
+            fire_labels=(target_labels,),
+            fire_text=(
+                (
+                    "Training metrics endpoint n1:8000 is down.",
+                    "Prometheus has not scraped babysitter-train at n1:8000 for 5m: the training process "
+                    "died, hangs hard, or its port is unreachable. Its run's alerts are blind.",
+                ),
+            ),
+        ),
+    )
+    mfu = r.mfu
+    mfu_drop = Alert(
+        name="TrainingMfuDrop",
+        expr=(
+            f"{mfu}\n< {on_run}\n"
+            f"({1 - cfg.mfu_drop_fraction:g} * "
+            f"quantile_over_time(0.5, {mfu}[{cfg.mfu_baseline_window}]))"
+            f"\nand {on_run}\n{r.steps_rate} > 0"
+        ),
+        severity="warning",
+        component="training",
+        summary=f"MFU of run {_l('run')} dropped to {_VP}.",
+        description=(
+            f"Run {_l('run')} on cluster {_l(c)} runs at {_VP} MFU, more than "
+            f"{cfg.mfu_drop_fraction:.0%} below its median over the last {cfg.mfu_baseline_window}, "
+            f"while still stepping. Look for a slow node, throttling GPUs or a data stall."
+        ),
+        for_=cfg.mfu_drop_for,
+        test=AlertTest(
+            series=(
+                (_series(T.MODEL_FLOPS, _TRAIN), "0+3000x120 361800+1800x80"),
+                (_series(T.PEAK_FLOPS, _TRAIN), "100+0x200"),
+                (_series(T.STEPS, _TRAIN), "0+60x200"),
+                (_series(T.MODEL_FLOPS, _with(_TRAIN, run="r2")), "0+3000x200"),
+                (_series(T.PEAK_FLOPS, _with(_TRAIN, run="r2")), "100+0x200"),
+                (_series(T.STEPS, _with(_TRAIN, run="r2")), "0+60x200"),
+            ),
+            quiet=(("100m", "MFU at its baseline"), ("150m", "before for:")),
+            fire_at="160m",
+            fire_labels=(_run_labels(),),
+            fire_text=(
+                (
+                    "MFU of run r1 dropped to 30%.",
+                    "Run r1 on cluster c1 runs at 30% MFU, more than 20% below its median over the last "
+                    "6h, while still stepping. Look for a slow node, throttling GPUs or a data stall.",
+                ),
+            ),
+        ),
+    )
+    straggler = Alert(
+        name="TrainingStragglerRank",
+        expr=(
+            f"(\n  {r.rank_step_ratio} > {cfg.straggler_ratio:g}\n"
+            f"  and {on_run}\n  count {run} ({r.rank_step_mean}) >= 2\n)\n"
+            # The in-process score compares each rank's own work time, which lockstep collectives
+            # hide from step time; it exists only where the run turned the exchange on.
+            f"or\nmax {by((*r.run_key, 'rank'))} ({select(R.STRAGGLER_SCORE, ts)}) > {cfg.straggler_ratio:g}"
+        ),
+        severity="warning",
+        component="training",
+        summary=f"Rank {_l('rank')} of run {_l('run')} steps {_V}x slower than the median rank.",
+        description=(
+            f"Rank {_l('rank')} of run {_l('run')} on cluster {_l(c)} is {_V} times slower than the median "
+            f"rank over {cfg.rate_window} (mean step time, or its own work time where the run reports "
+            f"straggler scores). Find its host on the Stragglers dashboard and check that node's GPUs "
+            f"(throttling, Xid), NICs and data loader."
+        ),
+        for_=cfg.straggler_for,
+        test=AlertTest(
+            series=(
+                *(
+                    item
+                    for rank, per_step in (("0", 60), ("1", 60), ("2", 90))
+                    for item in (
+                        (_series(T.STEP_DURATION, _with(_TRAIN, rank=rank), "_sum"), f"0+{per_step}x40"),
+                        (_series(T.STEP_DURATION, _with(_TRAIN, rank=rank), "_count"), "0+60x40"),
+                    )
+                ),
+                # Lockstep run r2: equal step times, but rank 1's own work is 1.4x the median.
+                (_series(R.STRAGGLER_SCORE, _with(_TRAIN, run="r2", rank="0")), "1+0x40"),
+                (_series(R.STRAGGLER_SCORE, _with(_TRAIN, run="r2", rank="1")), "1.4+0x40"),
+                (_series(R.STRAGGLER_SCORE, _with(_TRAIN, run="r3", rank="0")), "1.1+0x40"),
+            ),
+            quiet=(("10m", "before for:"),),
+            fire_at="20m",
+            fire_labels=(_with(_run_labels(), rank="2"), _with(_run_labels("r2"), rank="1")),
+            fire_text=(
+                (
+                    "Rank 2 of run r1 steps 1.5x slower than the median rank.",
+                    "Rank 2 of run r1 on cluster c1 is 1.5 times slower than the median rank over 5m "
+                    "(mean step time, or its own work time where the run reports straggler scores). Find "
+                    "its host on the Stragglers dashboard and check that node's GPUs (throttling, Xid), "
+                    "NICs and data loader.",
+                ),
+                (
+                    "Rank 1 of run r2 steps 1.4x slower than the median rank.",
+                    "Rank 1 of run r2 on cluster c1 is 1.4 times slower than the median rank over 5m "
+                    "(mean step time, or its own work time where the run reports straggler scores). Find "
+                    "its host on the Stragglers dashboard and check that node's GPUs (throttling, Xid), "
+                    "NICs and data loader.",
+                ),
+            ),
+        ),
+    )
+    goodput = Alert(
+        name="TrainingGoodputLow",
+        expr=(
+            f"{r.goodput_window} < {cfg.goodput_target:g}\n"
+            f"and {on_run}\n({r.productive_window} + {r.badput_window}) > {cfg.goodput_min_wall_seconds}"
+        ),
+        severity="warning",
+        component="training",
+        summary=f"Goodput of run {_l('run')} is {_VP} over {cfg.goodput_window}.",
+        description=(
+            f"Run {_l('run')} on cluster {_l(c)} turned only {_VP} of its wall time into kept progress "
+            f"over the last {cfg.goodput_window} (target {cfg.goodput_target:.0%}). The Run overview "
+            f"dashboard splits the rest by cause."
+        ),
+        for_=cfg.goodput_for,
+        test=AlertTest(
+            series=(
+                (_series(G.PRODUCTIVE_SECONDS, _TRAIN), "0+48x300"),
+                (_series(G.BADPUT_SECONDS, _with(_TRAIN, cause="downtime")), "0+12x300"),
+                (_series(G.PRODUCTIVE_SECONDS, _with(_TRAIN, run="r2")), "0+57x300"),
+                (_series(G.BADPUT_SECONDS, _with(_TRAIN, run="r2", cause="startup")), "0+3x300"),
+            ),
+            quiet=(("170m", "younger than 3h of wall time"), ("235m", "before for:")),
+            fire_at="250m",
+            fire_labels=(_run_labels(),),
+            fire_text=(
+                (
+                    "Goodput of run r1 is 80% over 24h.",
+                    "Run r1 on cluster c1 turned only 80% of its wall time into kept progress over the "
+                    "last 24h (target 90%). The Run overview dashboard splits the rest by cause.",
+                ),
+            ),
+        ),
+    )
+    nonfinite = Alert(
+        name="TrainingNonFiniteLoss",
+        expr=f"sum {run} (\n  {new_or_increased(select(T.NONFINITE_LOSS, ts), cfg.nonfinite_window)}\n)",
+        severity="critical",
+        component="training",
+        summary=f"Run {_l('run')} produced a NaN or infinite loss.",
+        description=(
+            f"Run {_l('run')} on cluster {_l(c)} read {_V} non-finite loss values in the last "
+            f"{cfg.nonfinite_window}. Every step from here on may be wasted: decide whether to roll back "
+            f"to the last good checkpoint."
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=(
+                (_series(T.NONFINITE_LOSS, _TRAIN), "0+0x10 3+0x10"),
+                (_series(T.NONFINITE_LOSS, _with(_TRAIN, run="r2")), "0+0x20"),
+            ),
+            quiet=(("10m", "no non-finite loss yet"),),
+            fire_at="12m",
+            fire_labels=(_run_labels(),),
+            fire_text=(
+                (
+                    "Run r1 produced a NaN or infinite loss.",
+                    "Run r1 on cluster c1 read 3 non-finite loss values in the last 10m. Every step from "
+                    "here on may be wasted: decide whether to roll back to the last good checkpoint.",
+                ),
+            ),
+        ),
+    )
+    writer_state = select(G.LEDGER_WRITER_STATE, ts, 'state!="writing"')
+    ledger = Alert(
+        name="TrainingLedgerNotWriting",
+        expr=f"max by ({', '.join(r.run_key)}, state) (\n  {writer_state}\n) == 1",
+        severity="critical",
+        component="training",
+        summary=f"Run {_l('run')} writes no goodput ledger: its writer is {_l('state')}.",
+        description=(
+            f"The goodput ledger writer of run {_l('run')} on cluster {_l(c)} has been {_l('state')} "
+            f"for {cfg.ledger_not_writing_for} (waiting: another writer's lock is not stale yet; "
+            f"failing: the run directory's storage fails; fenced: another writer took the lock over). "
+            f"Its records pile up in memory or are lost, and the run's goodput history gets a hole."
+        ),
+        for_=cfg.ledger_not_writing_for,
+        test=AlertTest(
+            series=(
+                (_series(G.LEDGER_WRITER_STATE, _with(_TRAIN, state="writing")), "1+0x5 0+0x30"),
+                (_series(G.LEDGER_WRITER_STATE, _with(_TRAIN, state="waiting")), "0+0x5 1+0x30"),
+                # A restart after a crash elsewhere: two minutes of waiting, then writing.
+                (_series(G.LEDGER_WRITER_STATE, _with(_TRAIN, run="r2", state="writing")), "0+0x2 1+0x33"),
+                (_series(G.LEDGER_WRITER_STATE, _with(_TRAIN, run="r2", state="waiting")), "1+0x2 0+0x33"),
+            ),
+            quiet=(("5m", "still writing"), ("18m", "before for:")),
+            fire_at="25m",
+            fire_labels=({**_run_labels(), "state": "waiting"},),
+            fire_text=(
+                (
+                    "Run r1 writes no goodput ledger: its writer is waiting.",
+                    "The goodput ledger writer of run r1 on cluster c1 has been waiting for 15m (waiting: "
+                    "another writer's lock is not stale yet; failing: the run directory's storage fails; "
+                    "fenced: another writer took the lock over). Its records pile up in memory or are lost, "
+                    "and the run's goodput history gets a hole.",
+                ),
+            ),
+        ),
+    )
+    return [stalled, exited, train_down, mfu_drop, straggler, goodput, nonfinite, ledger]

@@ -1,0 +1,258 @@
+"""A run's goodput report as a person reads it: rich tables and a PNG timeline (matplotlib, Agg).
+
+The numbers come from :func:`babysitter.ledger.summarize`; this module only draws them. rich and
+matplotlib are the ``report`` extra and are imported when a function needs them (ImportError
+otherwise, which the caller turns into a message).
+"""
+
+from __future__ import annotations
+
+import time
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from babysitter.ledger.summary import RunSummary
+
+__all__ = ["CAUSE_COLORS", "render_png", "render_table"]
+
+#: One color per cause, stable across reports (colorblind-friendly where it matters most).
+CAUSE_COLORS = {
+    "startup": "#9467bd",
+    "checkpoint_load": "#17becf",
+    "checkpoint_save": "#1f77b4",
+    "data_stall": "#bcbd22",
+    "lost_progress": "#d62728",
+    "downtime": "#7f7f7f",
+    "eval": "#2ca02c",
+    "phase": "#98df8a",
+    "hang": "#ff7f0e",
+    "other": "#c7c7c7",
+}
+
+_INCARNATION_COLOR = "#aec7e8"
+
+
+def _dur(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d{hours:02d}h{minutes:02d}m"
+    if hours:
+        return f"{hours}h{minutes:02d}m{sec:02d}s"
+    return f"{minutes}m{sec:02d}s"
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+
+def render_table(summary: RunSummary, console: Any = None) -> None:
+    """Print the goodput tables with rich (to ``console``, default stdout)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    console = console or Console()
+    t = summary.totals
+    console.print(
+        f"[bold]{escape(summary.run)}[/bold]  state [bold]{summary.state}[/bold]  "
+        f"wall {_dur(t.wall_seconds)}  goodput [bold]{t.goodput:.1%}[/bold]  restarts {t.restarts}  "
+        f"checkpoints {summary.checkpoints_ok} saved / {summary.checkpoints_failed} failed"
+    )
+    if summary.at_risk_seconds > 0:
+        console.print(
+            f"[yellow]{_dur(summary.at_risk_seconds)} of productive time is not covered by a checkpoint "
+            "yet (lost if the run crashed now)[/]"
+        )
+    if summary.torn_lines or summary.invalid_lines or summary.fenced_lines:
+        console.print(
+            f"[yellow]ledger: skipped {summary.torn_lines} torn, {summary.invalid_lines} invalid and "
+            f"{summary.fenced_lines} fenced line(s) (written after another writer took the lock over)[/]"
+        )
+    if summary.partial:
+        console.print(
+            "[yellow]ledger: the file starts in the middle of the run (it was deleted or replaced while "
+            "the run went on); the accounting covers what it holds[/]"
+        )
+    causes = Table(title="Where the wall time went")
+    causes.add_column("bucket")
+    causes.add_column("time", justify="right")
+    causes.add_column("share", justify="right")
+    for name in summary.windows:
+        causes.add_column(f"last {name}", justify="right")
+    rows = [
+        ("productive", t.productive_seconds, {n: w.productive_seconds for n, w in summary.windows.items()})
+    ]
+    for cause, seconds in t.badput_seconds.items():
+        rows.append(
+            (cause, seconds, {n: w.badput_seconds.get(cause, 0.0) for n, w in summary.windows.items()})
+        )
+    wall = t.wall_seconds or 1.0
+    for name, seconds, per_window in rows:
+        if seconds == 0 and all(v == 0 for v in per_window.values()):
+            continue
+        cells = [f"{per_window[n] / (summary.windows[n].wall_seconds or 1.0):.1%}" for n in summary.windows]
+        style = "bold green" if name == "productive" else None
+        causes.add_row(name, _dur(seconds), f"{seconds / wall:.1%}", *cells, style=style)
+    causes.add_row(
+        "wall", _dur(t.wall_seconds), "100%", *[_dur(w.wall_seconds) for w in summary.windows.values()]
+    )
+    console.print(causes)
+    incs = Table(title="Incarnations")
+    for col in ("#", "host", "pid", "start (UTC)", "duration", "resumed", "steps", "step time", "ending"):
+        incs.add_column(col, justify="right" if col in ("#", "pid", "resumed", "steps") else "left")
+    for inc in summary.incarnations:
+        steps = "-" if inc.first_step is None else f"{inc.first_step}..{inc.last_step}"
+        incs.add_row(
+            str(inc.index),
+            Text(inc.host),  # from the ledger file: never markup
+            str(inc.pid),
+            _utc(inc.start),
+            _dur(inc.end - inc.start),
+            "-" if inc.resumed_from is None else str(inc.resumed_from),
+            steps,
+            "-" if inc.mean_step_seconds is None else f"{inc.mean_step_seconds:.3g}s",
+            inc.ending,
+        )
+    console.print(incs)
+    _render_restarts(summary, console)
+
+
+def _render_restarts(summary: RunSummary, console: Any) -> None:
+    """Each restart's cause, downtime, time to detect and time to recover; remediations still pending."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if summary.notes_error or summary.notes_skipped:
+        skipped = ", ".join(f"{n} {why}" for why, n in sorted(summary.notes_skipped.items()))
+        console.print(
+            Text(
+                "remediation notes: "
+                + "; ".join(x for x in (summary.notes_error, skipped and f"skipped {skipped}") if x),
+                style="yellow",
+            )
+        )
+    if summary.restart_list:
+        table = Table(title="Restarts")
+        for col in ("#", "after", "downtime", "cause", "detect", "recover"):
+            table.add_column(
+                col, justify="right" if col in ("#", "downtime", "detect", "recover") else "left"
+            )
+        for r in summary.restart_list:
+            table.add_row(
+                str(r.index),
+                r.after,
+                _dur(r.downtime_seconds),
+                Text(r.cause),  # from the notes file: never markup
+                "-" if r.time_to_detect_seconds is None else _dur(r.time_to_detect_seconds),
+                "-" if r.time_to_recover_seconds is None else _dur(r.time_to_recover_seconds),
+            )
+        console.print(table)
+    last_begin = summary.incarnations[-1].start if summary.incarnations else None
+    for note, restart in summary.remediations:
+        if restart is None and last_begin is not None and note.t > last_begin:
+            console.print(
+                Text(f"{_utc(note.t)} UTC {note.cause}; no incarnation has started since", style="yellow")
+            )
+
+
+def render_png(summary: RunSummary, path: Path, *, now: float | None = None) -> None:
+    """Write the timeline: incarnations as bars, badput colored by cause, step time and MFU over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    from babysitter.ledger.spans import badput_spans, step_points
+
+    t = summary.totals
+    t0 = t.start_us / 1e6
+    scale, unit = (3600.0, "hours") if t.wall_seconds > 3 * 3600 else (60.0, "minutes")
+    if t.wall_seconds < 180:
+        scale, unit = 1.0, "seconds"
+
+    def x(v: float) -> float:
+        return (v - t0) / scale
+
+    fig, (ax_t, ax_s, ax_m) = plt.subplots(
+        3, 1, figsize=(12, 7.5), sharex=True, gridspec_kw={"height_ratios": [1.3, 1, 1]}
+    )
+    try:
+        fig.suptitle(
+            f"{summary.run}: goodput {t.goodput:.1%} over {_dur(t.wall_seconds)}, {t.restarts} restart(s)"
+        )
+        for inc in summary.incarnations:
+            ax_t.broken_barh(
+                [(x(inc.start), max((inc.end - inc.start) / scale, 1e-9))],
+                (1.1, 0.8),
+                facecolors=_INCARNATION_COLOR,
+                edgecolors="black",
+                linewidth=0.5,
+            )
+            if len(summary.incarnations) <= 12 or (inc.end - inc.start) > t.wall_seconds / 25:
+                ax_t.text(x(inc.start), 2.0, f"#{inc.index}", fontsize=7, va="bottom")
+        spans = badput_spans(
+            summary.accountant, now=now if summary.state != "ended" else None, live=summary.state == "running"
+        )
+        by_cause: dict[str, list[tuple[float, float]]] = {}
+        for sp in spans:
+            by_cause.setdefault(sp.cause, []).append((x(sp.begin), (sp.end - sp.begin) / scale))
+        order = ("startup", "downtime", "lost_progress", "hang", "other")
+        for cause in sorted(by_cause, key=lambda c: order.index(c) if c in order else len(order)):
+            bars = by_cause[cause]
+            ax_t.broken_barh(bars, (0.0, 0.8), facecolors=CAUSE_COLORS.get(cause, "#000000"))
+        ax_t.set_yticks([0.4, 1.5], labels=["badput", "incarnations"])
+        ax_t.set_ylim(-0.2, 2.6)
+        handles = [Patch(color=_INCARNATION_COLOR, label="incarnation")]
+        handles += [Patch(color=CAUSE_COLORS.get(c, "#000000"), label=c) for c in by_cause]
+        ax_t.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        any_mfu = False
+        total_points = sum(len(inc.points) for inc in summary.timeline.incarnations) or 1
+        for full in summary.timeline.incarnations:
+            # About 4000 points for the whole figure, shared by the incarnations by their length.
+            points = step_points(full, max_points=max(20, 4000 * len(full.points) // total_points))
+            if not points:
+                continue
+            marker = "." if total_points < 300 else None
+            xs, ys = _broken([x(p.time) for p in points], [p.step_seconds for p in points])
+            ax_s.plot(xs, ys, lw=0.8, color="#1f77b4", marker=marker)
+            mfu = [(x(p.time), p.mfu) for p in points if p.mfu is not None]
+            if mfu:
+                any_mfu = True
+                xs, ys = _broken([a for a, _ in mfu], [b for _, b in mfu])
+                ax_m.plot(xs, ys, lw=0.8, color="#d62728", marker=marker)
+        ax_s.set_ylabel("step time (s)")
+        ax_m.set_ylabel("MFU")
+        if not any_mfu:
+            ax_m.text(0.5, 0.5, "no MFU (peak FLOP/s unknown)", transform=ax_m.transAxes, ha="center")
+        ax_m.set_xlabel(f"{unit} since the run started ({_utc(t0)} UTC)")
+        for ax in (ax_t, ax_s, ax_m):
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+
+
+def _broken(xs: list[float], ys: list[float]) -> tuple[list[float], list[float]]:
+    """Break the line (a NaN point) where consecutive points are far apart in time — a hang, a stall,
+    a long save — so the plot shows a gap rather than a slope that no step ever had."""
+    if len(xs) < 3:
+        return xs, ys
+    gaps = sorted(b - a for a, b in pairwise(xs))
+    limit = 5 * gaps[len(gaps) // 2]
+    out_x, out_y = [xs[0]], [ys[0]]
+    for a, b, y in zip(xs, xs[1:], ys[1:], strict=False):
+        if limit > 0 and b - a > limit:
+            out_x.append((a + b) / 2)
+            out_y.append(float("nan"))
+        out_x.append(b)
+        out_y.append(y)
+    return out_x, out_y
