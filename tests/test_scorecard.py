@@ -29,6 +29,7 @@ from test_scorecard_helpers import (
     backfilled_prometheus,
     expected_interruptions,
     openmetrics_days,
+    rule_stages,
 )
 
 GOOD = SimCluster(
@@ -148,12 +149,14 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> object:
     end = math.floor(time.time() / 7200) * 7200 - 7200
     files = openmetrics_days([GOOD, BAD], workdir, end=end, days=DAYS, step=STEP)
     # The scorecard reads the recording rules: backfill them as Prometheus would have evaluated them
-    # (rate window 2h, the model kept on run-level rules), the roll-ups after the rules they read.
+    # (rate window 2h, the model kept on run-level rules), each after the rules it reads.
     groups = recording_groups(GenerateConfig(rate_window="2h", run_labels=("model",)))
+    q = QuerySet(window=f"{DAYS}d", rate_window="2h", step="30m", mfu_match=f'model="{MODEL}"')
+    queries = [getattr(q, m)() for m in dir(QuerySet) if not m.startswith("_") and callable(getattr(q, m))]
     stages = []
-    for index, chunk in enumerate((groups[:-1], groups[-1:])):
+    for index, chunk in enumerate(rule_stages(groups, [x for x in queries if isinstance(x, str)])):
         path = workdir / f"rules-{index}.yaml"
-        path.write_text(yaml.safe_dump({"groups": chunk}))
+        path.write_text(yaml.safe_dump({"groups": [{"name": f"stage-{index}", "rules": chunk}]}))
         stages.append(path)
     start = end - DAYS * DAY
     # The simulation samples every 30 min: a 35 min lookback lets instant selectors see each sample

@@ -14,11 +14,13 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from babysitter.catalog import goodput as G
@@ -28,7 +30,7 @@ from babysitter.catalog import storage as S
 from babysitter.catalog import train as T
 from promkit import PROMETHEUS, PROMTOOL, free_port, require_binary
 
-__all__ = ["DAY", "MODEL", "SimCluster", "backfilled_prometheus", "openmetrics_days"]
+__all__ = ["DAY", "MODEL", "SimCluster", "backfilled_prometheus", "openmetrics_days", "rule_stages"]
 
 DAY = 86400
 PEAK = 1e15
@@ -196,6 +198,9 @@ def _serve(data: Path, workdir: Path, name: str, lookback: str) -> Iterator[str]
             f"--config.file={config}",
             f"--storage.tsdb.path={data}",
             "--storage.tsdb.retention.time=400d",
+            # No level compaction (2 h blocks into longer ones) while promtool or a test queries.
+            "--storage.tsdb.min-block-duration=2h",
+            "--storage.tsdb.max-block-duration=2h",
             f"--query.lookback-delta={lookback}",
             f"--web.listen-address=127.0.0.1:{port}",
             "--log.level=warn",
@@ -227,6 +232,38 @@ def _serve(data: Path, workdir: Path, name: str, lookback: str) -> Iterator[str]
             proc.kill()
             proc.wait(timeout=5)
         log.close()
+
+
+def rule_stages(groups: Sequence[dict[str, Any]], queries: Sequence[str]) -> list[list[dict[str, Any]]]:
+    """The recording rules that ``queries`` read, directly or through other rules, in backfill stages.
+
+    A rule goes in the stage after the last rule it reads (stage 0: it reads only raw series), so
+    each ``promtool tsdb create-blocks-from rules`` run finds its inputs already in the TSDB. Rules
+    nothing reads are left out: a backfill costs one range query per rule per 2 h block. Stage 0 reads
+    only the raw blocks, which never overlap, so no compaction merges blocks under its queries."""
+    rules = {r["record"]: r for g in groups for r in g["rules"] if "record" in r}
+
+    def reads(text: str) -> set[str]:
+        return {name for name in rules if re.search(rf"(?<![\w:]){re.escape(name)}(?![\w:])", text)}
+
+    needed: set[str] = set()
+    todo = [name for q in queries for name in reads(q)]
+    while todo:
+        name = todo.pop()
+        if name not in needed:
+            needed.add(name)
+            todo += reads(rules[name]["expr"])
+    stage: dict[str, int] = {}
+
+    def depth(name: str) -> int:
+        if name not in stage:
+            stage[name] = 1 + max((depth(d) for d in reads(rules[name]["expr"]) - {name}), default=-1)
+        return stage[name]
+
+    out: list[list[dict[str, Any]]] = [[] for _ in range(1 + max((depth(n) for n in needed), default=0))]
+    for name in sorted(needed):
+        out[depth(name)].append(rules[name])
+    return out
 
 
 @contextlib.contextmanager
