@@ -347,3 +347,59 @@ def test_monte_carlo_through_the_real_ledger_puts_the_advice_within_10_percent_o
     assert near[1] > points[-1][1]
     # And the model's expectation of both is close to what the ledger measured (within 2 points).
     assert advice.expected_goodput_current == pytest.approx(points[-1][1], abs=0.02)
+
+
+# ------------------------------------------------------------------------------------ the report
+
+
+def test_report_prints_the_advice_its_inputs_and_their_sufficiency(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from babysitter.cli import main
+
+    _ledger(6, gpus=8).write(tmp_path / "babysitter-ledger.jsonl")
+    assert main(["report", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps the line
+    assert "checkpoint advice: save every" in out and "now every 2m30s" in out
+    assert "save 10.0s (mean of 28)" in out and "(6 measured)" in out and "INSUFFICIENT" not in out
+    assert "rate from the run's 6 interruptions" in out
+    assert main(["report", str(tmp_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["checkpoint_advice"]
+    assert (
+        data["sufficient"] and data["rate"]["source"] == "run" and data["current_interval_seconds"] == 150.0
+    )
+    assert data["gain"] == pytest.approx(
+        data["expected_goodput_recommended"] - data["expected_goodput_current"]
+    )
+
+
+def test_report_says_when_data_is_insufficient_and_takes_a_cluster_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from babysitter.cli import main
+
+    _ledger(1).write(tmp_path / "babysitter-ledger.jsonl")
+    assert main(["report", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "INSUFFICIENT DATA: insufficient data: 1 interruption(s)" in out
+    assert main(["report", str(tmp_path), "--json", "--cluster-rate", "40/100000", "--gpus", "64"]) == 0
+    rate = json.loads(capsys.readouterr().out)["checkpoint_advice"]["rate"]
+    assert rate["source"] == "cluster" and rate["per_hour"] == pytest.approx(40 / 100_000 * 64)
+
+
+@pytest.mark.parametrize("argv", [["--cluster-rate", "lots"], ["--gpus", "0"]])
+def test_report_rejects_a_malformed_cluster_rate_or_gpu_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    from babysitter.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["report", str(tmp_path), *argv])
+    assert exc.value.code == 2
+    assert (
+        "INTERRUPTIONS/GPU_HOURS" in capsys.readouterr().err or "positive integer" in capsys.readouterr().err
+    )

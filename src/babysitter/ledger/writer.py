@@ -240,7 +240,9 @@ class LedgerWriter:
         self._segments = 0
         self._segment_line = b""
         self._cluster_rate = cluster_rate
-        self._advice: tuple[float, Advice] | None = None
+        #: (monotonic time, (incarnations, checkpoints of the newest), advice): recomputed when a save
+        #: or a restart changed the inputs, else at most every ADVICE_REFRESH_SECONDS.
+        self._advice: tuple[float, tuple[int, int], Advice] | None = None
         if cluster_rate is None and os.environ.get(ENV_CLUSTER_RATE, "").strip():
             try:
                 self._cluster_rate = parse_cluster_rate(os.environ[ENV_CLUSTER_RATE])
@@ -541,19 +543,21 @@ class LedgerWriter:
         return out
 
     def advice(self, totals: Accounting | None = None) -> Advice | None:
-        """The checkpoint-interval advice from the ledger so far (cached for
-        :data:`ADVICE_REFRESH_SECONDS`); None until the existing ledger has been read."""
+        """The checkpoint-interval advice from the ledger so far (recomputed after a save or a restart,
+        else at most every :data:`ADVICE_REFRESH_SECONDS`); None until the existing ledger has been read."""
         if not self._loaded.is_set():
             return None
         clock = time.monotonic()
-        cached = self._advice
-        if cached is not None and clock - cached[0] < ADVICE_REFRESH_SECONDS:
-            return cached[1]
         with self._state_lock:
+            incs = self.timeline.incarnations
+            key = (len(incs), len(incs[-1].checkpoints) if incs else 0)
+            cached = self._advice
+            if cached is not None and cached[1] == key and clock - cached[0] < ADVICE_REFRESH_SECONDS:
+                return cached[2]
             if totals is None:
                 totals = self._accountant.totals(now=time.time(), live=True, tail="exclude")
             advice = advise_timeline(self.timeline, totals, cluster=self._cluster_rate)
-        self._advice = (clock, advice)
+        self._advice = (clock, key, advice)
         return advice
 
     def _advice_metrics(self, names: list[str], values: list[str], totals: Accounting) -> list[Metric]:
