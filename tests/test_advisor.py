@@ -103,6 +103,18 @@ def test_poisson_interval_matches_the_garwood_table() -> None:
         poisson_interval(1, 0.0)
 
 
+def test_many_events_use_wilson_hilferty_within_1e4_of_the_exact_bounds() -> None:
+    """Above EXACT_MAX_EVENTS the bisection (whose cost grows with n) gives way to an approximation."""
+    from babysitter.ledger import advisor as A
+
+    for n in (A.EXACT_MAX_EVENTS + 1, 2000):
+        exact, approx = A._exact_bounds(n, 0.025), A._wilson_hilferty_bounds(n, 0.025)
+        assert approx == pytest.approx(exact, rel=1e-4)
+    assert poisson_interval(A.EXACT_MAX_EVENTS + 1, 1.0) == pytest.approx(
+        A._wilson_hilferty_bounds(A.EXACT_MAX_EVENTS + 1, 0.025)
+    )
+
+
 # --------------------------------------------------------------------------- not enough data
 
 

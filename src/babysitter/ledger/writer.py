@@ -35,7 +35,7 @@ from prometheus_client.core import Metric
 
 from babysitter.catalog import goodput as G
 from babysitter.ledger.accounting import Accountant, Accounting
-from babysitter.ledger.advisor import Advice, ClusterRate, advise_timeline, parse_cluster_rate
+from babysitter.ledger.advisor import Advice, ClusterRate, advise_inputs, ledger_inputs, parse_cluster_rate
 from babysitter.ledger.lock import LedgerLockedError, WriterLock
 from babysitter.ledger.reader import DEFAULT_FILE_NAME, read_timeline
 from babysitter.ledger.records import (
@@ -556,7 +556,8 @@ class LedgerWriter:
                 return cached[2]
             if totals is None:
                 totals = self._accountant.totals(now=time.time(), live=True, tail="exclude")
-            advice = advise_timeline(self.timeline, totals, cluster=self._cluster_rate)
+            inputs = ledger_inputs(self.timeline, totals)
+        advice = advise_inputs(inputs, self._cluster_rate)  # the rate's interval: outside the lock
         self._advice = (clock, key, advice)
         return advice
 
