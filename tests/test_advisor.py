@@ -172,6 +172,14 @@ def test_a_thin_cluster_rate_is_used_but_not_sufficient() -> None:
     assert a.rate is not None and a.rate.source == "cluster" and not a.sufficient
 
 
+def test_an_unbounded_advice_range_is_null_in_json() -> None:
+    """A rate whose lower bound is 0 puts no upper bound on the advice; JSON has no infinity."""
+    import json
+
+    a = replace(_advice(MIN_INTERRUPTIONS), recommended_range=(100.0, math.inf))
+    assert json.loads(json.dumps(a.to_json(), allow_nan=False))["recommended_range"] == [100.0, None]
+
+
 def test_no_save_yet_no_advice() -> None:
     a = _advice(10, save_seconds=None, saves=0)
     assert a.recommended_interval_seconds is None and not a.sufficient and "no completed checkpoint" in a.note

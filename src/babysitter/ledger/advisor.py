@@ -263,7 +263,9 @@ class Advice:
         """A JSON-ready dict."""
         out = dict(self.__dict__)
         out["rate"] = None if self.rate is None else self.rate.to_json()
-        out["recommended_range"] = None if self.recommended_range is None else list(self.recommended_range)
+        span = self.recommended_range
+        # JSON has no infinity: an unbounded end (a rate whose lower bound is 0) is null.
+        out["recommended_range"] = None if span is None else [x if math.isfinite(x) else None for x in span]
         out["gain"] = self.gain
         return out
 
