@@ -27,7 +27,7 @@ class TestAlertMetadata:
     def test_labels_and_annotations(self, alert: object) -> None:
         """Severity routes the page, component groups and inhibits, the description quotes values."""
         rule = alert.rule(CFG)  # type: ignore[attr-defined]
-        assert rule["labels"]["severity"] in {"critical", "warning"}
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}
         assert rule["labels"]["component"] in {
             "training",
             "checkpoint",
@@ -145,6 +145,8 @@ class TestPromtool:
             ("TrainingStragglerRank", {"straggler_ratio": 1.6}),
             ("CheckpointOverdue", {"checkpoint_overdue_factor": 4.0}),
             ("GpuXidCritical", {"xid_page_actions": ("reset_gpu", "drain")}),
+            ("CheckpointIntervalOffAdvice", {"checkpoint_advice_min_gain": 0.004}),  # r3 would fire
+            ("CheckpointIntervalOffAdvice", {"checkpoint_advice_factor": 4.0}),  # r4 would not
         ],
     )
     def test_tests_catch_a_changed_rule(self, tmp_path: Path, alert: str, change: dict[str, object]) -> None:
@@ -181,10 +183,11 @@ class TestAlertmanagerExample:
             (("severity=critical", "component=training", "run=r1"), "pager,chat"),
             (("severity=warning", "component=gpu"), "chat"),
             (("severity=warning", "component=checkpoint", "run=r1"), "chat"),
+            (("severity=info", "component=checkpoint", "run=r1"), "chat"),
         ],
     )
     def test_severity_routes(self, labels: tuple[str, ...], receivers: str) -> None:
-        """Critical pages and goes to chat; warnings go to chat only."""
+        """Critical pages and goes to chat; warnings and infos go to chat only."""
         result = self._amtool("config", "routes", "test", f"--config.file={self.CONFIG}", *labels)
         assert result.stdout.strip() == receivers, result.stdout + result.stderr
 

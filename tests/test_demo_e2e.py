@@ -181,6 +181,9 @@ def test_demo_pages_every_fault_and_reports_the_ledgers_goodput(tmp_path: Path) 
     audit = [json.loads(line) for line in (workdir / "remediate" / "audit.jsonl").read_text().splitlines()]
     acted = [(r["action"], r["result"]) for r in audit if r["event"] == "action"]
     assert acted == [("drain", "dry_run"), ("requeue", "dry_run")], audit
+    # The report ends with the checkpoint advice: one interruption is too few, and it says so.
+    flat = " ".join(out.split())
+    assert "checkpoint advice: save every" in flat and "INSUFFICIENT DATA" in flat, out
     # The final report's goodput is the ledger's, digit for digit.
     m = re.search(r"^goodput ([\d.]+)% \(productive", out, re.M)
     assert m, out

@@ -10,6 +10,10 @@ from babysitter.catalog._spec import MetricSpec
 __all__ = [
     "BADPUT_CAUSES",
     "BADPUT_SECONDS",
+    "CKPT_EXPECTED_GOODPUT",
+    "CKPT_INTERVAL",
+    "CKPT_INTERVAL_RECOMMENDED",
+    "CKPT_INTERVAL_WHICH",
     "GOODPUT",
     "LEDGER_DROPPED_RECORDS",
     "LEDGER_PENDING_BYTES",
@@ -67,6 +71,35 @@ RESTARTS = MetricSpec(
     ranks="rank0",
 )
 
+# The checkpoint-interval advisor (ledger/advisor.py), from the same ledger: see docs/checkpoint-interval.md.
+CKPT_INTERVAL = MetricSpec(
+    "train_checkpoint_interval_seconds",
+    "gauge",
+    "seconds",
+    "The run's current checkpoint interval: median wall time from a successful save's end to the next "
+    "save's begin (recent saves; absent before two saves).",
+    ranks="rank0",
+)
+CKPT_INTERVAL_RECOMMENDED = MetricSpec(
+    "train_checkpoint_recommended_interval_seconds",
+    "gauge",
+    "seconds",
+    "The checkpoint interval that maximises expected goodput (Young/Daly from the measured save cost and "
+    "interruption rate); absent while the interruption rate rests on too little data.",
+    ranks="rank0",
+)
+#: Values of the expected goodput's ``interval`` label.
+CKPT_INTERVAL_WHICH = ("current", "recommended")
+CKPT_EXPECTED_GOODPUT = MetricSpec(
+    "train_checkpoint_expected_goodput_ratio",
+    "gauge",
+    "ratio",
+    "Expected goodput (Daly's model: measured save and restart costs, interruption rate) at the current "
+    "and at the recommended checkpoint interval.",
+    labels=("interval",),
+    ranks="rank0",
+)
+
 LEDGER_WRITE_ERRORS = MetricSpec(
     "babysitter_ledger_write_errors_total",
     "counter",
@@ -119,6 +152,9 @@ METRICS: tuple[MetricSpec, ...] = (
     PRODUCTIVE_SECONDS,
     BADPUT_SECONDS,
     RESTARTS,
+    CKPT_INTERVAL,
+    CKPT_INTERVAL_RECOMMENDED,
+    CKPT_EXPECTED_GOODPUT,
     LEDGER_WRITE_ERRORS,
     LEDGER_SKIPPED_LINES,
     LEDGER_PENDING_BYTES,

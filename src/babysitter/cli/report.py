@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from babysitter.ledger.advisor import ClusterRate, parse_cluster_rate
 from babysitter.ledger.reader import DEFAULT_FILE_NAME
 from babysitter.ledger.summary import summarize
 from babysitter.views.report import render_png, render_table
@@ -47,7 +48,38 @@ def register(subparsers: Any) -> None:
         default=60.0,
         help="seconds after which another host's writer lock counts as dead (default 60)",
     )
+    p.add_argument(
+        "--cluster-rate",
+        type=_cluster_rate,
+        default=None,
+        metavar="INTERRUPTIONS/GPU_HOURS",
+        help="the cluster's measured interruptions over its GPU-hours (e.g. 12/40000): the checkpoint "
+        "advice's rate while the run has seen fewer than 5 interruptions",
+    )
+    p.add_argument(
+        "--gpus",
+        type=_positive_int,
+        default=None,
+        help="GPUs of the job, to scale --cluster-rate (default: the world size the ledger recorded)",
+    )
     p.set_defaults(func=run)
+
+
+def _cluster_rate(text: str) -> ClusterRate:
+    try:
+        return parse_cluster_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
             now=args.now,
             stale_after=args.stale_after,
             keep_points=args.png is not None,
+            gpus=args.gpus,
+            cluster=args.cluster_rate,
         )
     except OSError as exc:
         _err(f"babysitter report: cannot read the ledger in {args.run_dir}: {exc}")

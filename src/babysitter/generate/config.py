@@ -128,6 +128,12 @@ class GenerateConfig:
     checkpoint_slow_window: str = "2h"
     #: The sentinel reports a missing checkpoint for this long before paging (an in-flight rename).
     checkpoint_missing_for: str = "2m"
+    #: The advisor's alert: the current interval is off by more than this factor from the advice...
+    checkpoint_advice_factor: float = 2.0
+    #: ...and the expected goodput at the advice is higher by more than this (0..1)...
+    checkpoint_advice_min_gain: float = 0.01
+    #: ...for this long (the advice moves slowly; a changed interval needs two saves to show).
+    checkpoint_advice_for: str = "2h"
 
     # --- storage probe ----------------------------------------------------------------------------
     #: Probe write + fsync time (seconds) above which checkpoint storage counts as slow.

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from babysitter.ledger.accounting import Accountant, Accounting
+from babysitter.ledger.advisor import Advice, ClusterRate, advise_timeline
 from babysitter.ledger.lock import lock_is_live, read_lock
 from babysitter.ledger.reader import DEFAULT_FILE_NAME, read_timeline
 from babysitter.ledger.remediations import NOTES_FILE, RemediationNote, match_restarts, read_notes
@@ -121,6 +122,8 @@ class RunSummary:
     #: Note lines skipped, by reason, and why the notes file could not be read (None: it could).
     notes_skipped: dict[str, int] = field(default_factory=dict)
     notes_error: str | None = None
+    #: How often to checkpoint, from this ledger (docs/checkpoint-interval.md).
+    advice: Advice | None = None
     extra: dict[str, object] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
@@ -163,6 +166,7 @@ class RunSummary:
             "restart_list": [r.to_json() for r in self.restart_list],
             "remediations": [{**note.to_json(), "restart": k} for note, k in self.remediations],
             "remediation_notes": {"skipped": dict(self.notes_skipped), "error": self.notes_error},
+            "checkpoint_advice": None if self.advice is None else self.advice.to_json(),
         }
 
 
@@ -237,10 +241,13 @@ def summarize(
     stale_after: float = 60.0,
     keep_points: bool = True,
     notes_file: str = NOTES_FILE,
+    gpus: int | None = None,
+    cluster: ClusterRate | None = None,
 ) -> RunSummary:
     """Read the run's ledger and account for it (``keep_points``: keep per-line step time and MFU for
-    plots), with the remediation notes next to it. Raises OSError when the ledger cannot be read
-    (never because of the notes)."""
+    plots), with the remediation notes next to it and the checkpoint advice (``gpus``, ``cluster``:
+    see :func:`~babysitter.ledger.advisor.advise_timeline`). Raises OSError when the ledger cannot be
+    read (never because of the notes)."""
     path = Path(run_dir) / file_name
     timeline, ledger = read_timeline(path, keep_points=keep_points)
     now = time.time() if now is None else now
@@ -296,4 +303,5 @@ def summarize(
         remediations=remediations,
         notes_skipped=notes.skipped,
         notes_error=notes.error,
+        advice=advise_timeline(timeline, totals, gpus=gpus, cluster=cluster) if incs else None,
     )

@@ -34,7 +34,8 @@ import psutil
 from prometheus_client.core import Metric
 
 from babysitter.catalog import goodput as G
-from babysitter.ledger.accounting import Accountant
+from babysitter.ledger.accounting import Accountant, Accounting
+from babysitter.ledger.advisor import Advice, ClusterRate, advise_inputs, ledger_inputs, parse_cluster_rate
 from babysitter.ledger.lock import LedgerLockedError, WriterLock
 from babysitter.ledger.reader import DEFAULT_FILE_NAME, read_timeline
 from babysitter.ledger.records import (
@@ -59,10 +60,17 @@ from babysitter.ledger.records import (
 )
 from babysitter.ledger.timeline import Timeline
 
-__all__ = ["ENV_FLUSH", "WRITER_STATES", "LedgerWriter"]
+__all__ = ["ADVICE_REFRESH_SECONDS", "ENV_CLUSTER_RATE", "ENV_FLUSH", "WRITER_STATES", "LedgerWriter"]
 
 #: Environment variable overriding the default flush interval (seconds).
 ENV_FLUSH = "BABYSITTER_LEDGER_FLUSH_SECONDS"
+
+#: Environment variable with the cluster's interruption rate, ``INTERRUPTIONS/GPU_HOURS`` (e.g.
+#: ``12/40000``): the checkpoint advisor's fallback while the run has seen too few interruptions.
+ENV_CLUSTER_RATE = "BABYSITTER_CLUSTER_RATE"
+
+#: The checkpoint advice is recomputed at most this often (seconds): its inputs move slowly.
+ADVICE_REFRESH_SECONDS = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +165,9 @@ class LedgerWriter:
         alive_interval: write a bare sign of life when nothing else was written for this long.
         max_pending_bytes: bound of the unwritten buffer while the storage fails.
         settle_seconds: steps older than this are classified once and cached (see accounting).
+        cluster_rate: the cluster's interruptions per GPU-hours, the checkpoint advisor's fallback rate
+            (default ``$BABYSITTER_CLUSTER_RATE``; a malformed value is logged, counted as ``bad_input``
+            and ignored: it never costs the ledger).
     """
 
     def __init__(
@@ -171,6 +182,7 @@ class LedgerWriter:
         alive_interval: float = 30.0,
         max_pending_bytes: int = 32 << 20,
         settle_seconds: float = 60.0,
+        cluster_rate: ClusterRate | None = None,
     ) -> None:
         if flush_interval is None:
             flush_interval = _env_seconds(ENV_FLUSH, 5.0)
@@ -227,6 +239,15 @@ class LedgerWriter:
         self._fd = -1
         self._segments = 0
         self._segment_line = b""
+        self._cluster_rate = cluster_rate
+        #: (monotonic time, (incarnations, checkpoints of the newest), advice): recomputed when a save
+        #: or a restart changed the inputs, else at most every ADVICE_REFRESH_SECONDS.
+        self._advice: tuple[float, tuple[int, int], Advice] | None = None
+        if cluster_rate is None and os.environ.get(ENV_CLUSTER_RATE, "").strip():
+            try:
+                self._cluster_rate = parse_cluster_rate(os.environ[ENV_CLUSTER_RATE])
+            except ValueError as exc:
+                self._note("bad_input", f"${ENV_CLUSTER_RATE} ignored: {exc}")
 
         with contextlib.suppress(OSError):
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -498,6 +519,7 @@ class LedgerWriter:
             restarts = G.RESTARTS.family(names)
             restarts.add_metric(values, float(acc.restarts))  # type: ignore[attr-defined]
             out += [goodput, productive, badput, restarts]
+            out += self._advice_metrics(names, values, view)
         except _NotLoaded:
             pass
         except Exception as exc:
@@ -519,6 +541,53 @@ class LedgerWriter:
         state.add_metric([*values, self.state], 1.0)  # type: ignore[attr-defined]
         out += [errors, skipped, pending, dropped, state]
         return out
+
+    def advice(self, totals: Accounting | None = None) -> Advice | None:
+        """The checkpoint-interval advice from the ledger so far (recomputed after a save or a restart,
+        else at most every :data:`ADVICE_REFRESH_SECONDS`); None until the existing ledger has been read."""
+        if not self._loaded.is_set():
+            return None
+        clock = time.monotonic()
+        with self._state_lock:
+            incs = self.timeline.incarnations
+            key = (len(incs), len(incs[-1].checkpoints) if incs else 0)
+            cached = self._advice
+            if cached is not None and cached[1] == key and clock - cached[0] < ADVICE_REFRESH_SECONDS:
+                return cached[2]
+            if totals is None:
+                totals = self._accountant.totals(now=time.time(), live=True, tail="exclude")
+            inputs = ledger_inputs(self.timeline, totals)
+        advice = advise_inputs(inputs, self._cluster_rate)  # the rate's interval: outside the lock
+        self._advice = (clock, key, advice)
+        return advice
+
+    def _advice_metrics(self, names: list[str], values: list[str], totals: Accounting) -> list[Metric]:
+        """The advisor's gauges: the current interval once measured; the advice and the expected
+        goodputs only while the rate rests on enough data (docs/checkpoint-interval.md)."""
+        advice = self.advice(totals)
+        if advice is None:
+            return []
+        out: list[Metric] = []
+        if advice.current_interval_seconds is not None:
+            current = G.CKPT_INTERVAL.family(names)
+            current.add_metric(values, advice.current_interval_seconds)  # type: ignore[attr-defined]
+            out.append(current)
+        if not advice.sufficient or advice.recommended_interval_seconds is None:
+            return out
+        recommended = G.CKPT_INTERVAL_RECOMMENDED.family(names)
+        recommended.add_metric(values, advice.recommended_interval_seconds)  # type: ignore[attr-defined]
+        expected = G.CKPT_EXPECTED_GOODPUT.family(names)
+        which = dict(
+            zip(
+                G.CKPT_INTERVAL_WHICH,
+                (advice.expected_goodput_current, advice.expected_goodput_recommended),
+                strict=True,
+            )
+        )
+        for label, value in which.items():
+            if value is not None:
+                expected.add_metric([*values, label], value)  # type: ignore[attr-defined]
+        return [*out, recommended, expected]
 
     # ------------------------------------------------------------ the thread
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from babysitter.ledger.summary import RunSummary
 
-__all__ = ["CAUSE_COLORS", "render_png", "render_table"]
+__all__ = ["CAUSE_COLORS", "advice_line", "render_png", "render_table"]
 
 #: One color per cause, stable across reports (colorblind-friendly where it matters most).
 CAUSE_COLORS = {
@@ -122,6 +122,49 @@ def render_table(summary: RunSummary, console: Any = None) -> None:
         )
     console.print(incs)
     _render_restarts(summary, console)
+    _render_advice(summary, console)
+
+
+def _pct(value: float | None) -> str:
+    return "?" if value is None else f"{value:.1%}"
+
+
+def advice_line(summary: RunSummary) -> str:
+    """The checkpoint advice in one line (plain text): the advice, the expected goodputs, the inputs
+    and how much data they rest on."""
+    a = summary.advice
+    if a is None:
+        return "checkpoint advice: no ledger records"
+    inputs = []
+    if a.save_seconds is not None:
+        inputs.append(f"save {_dur(a.save_seconds)} (mean of {a.saves})")
+    if a.restart_seconds is not None:
+        inputs.append(f"restart {_dur(a.restart_seconds)} ({a.restarts} measured)")
+    if a.rate is not None:
+        r = a.rate
+        inputs.append(f"{r.per_hour:.3g} interruptions/h (95% {r.low:.3g}..{r.high:.3g}, {r.source})")
+    now = "?" if a.current_interval_seconds is None else _dur(a.current_interval_seconds)
+    if a.recommended_interval_seconds is None:
+        head = f"checkpoint advice: none (now every {now})"
+    else:
+        lo, hi = a.recommended_range or (a.recommended_interval_seconds, a.recommended_interval_seconds)
+        span = f"{_dur(lo)}..{'inf' if hi == float('inf') else _dur(hi)}"
+        gain = "" if a.gain is None else f", {a.gain * 100:+.1f} points"
+        head = (
+            f"checkpoint advice: save every {_dur(a.recommended_interval_seconds)} (95%: {span}; now every "
+            f"{now}): expected goodput {_pct(a.expected_goodput_recommended)} vs "
+            f"{_pct(a.expected_goodput_current)} now{gain}"
+        )
+    data = "" if a.sufficient else "INSUFFICIENT DATA: "
+    return f"{head}. Inputs: {'; '.join(inputs) or 'none yet'}. {data}{a.note}."
+
+
+def _render_advice(summary: RunSummary, console: Any) -> None:
+    from rich.text import Text
+
+    if summary.advice is None:
+        return
+    console.print(Text(advice_line(summary), style="" if summary.advice.sufficient else "yellow"))
 
 
 def _render_restarts(summary: RunSummary, console: Any) -> None:

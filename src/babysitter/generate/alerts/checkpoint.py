@@ -3,6 +3,7 @@ the sentinel cannot find."""
 
 from __future__ import annotations
 
+from babysitter.catalog import goodput as G
 from babysitter.catalog import storage as S
 from babysitter.catalog import train as T
 from babysitter.generate.alerts._common import (
@@ -10,6 +11,7 @@ from babysitter.generate.alerts._common import (
     _TRAIN,
     _V,
     _VD,
+    _VP,
     Alert,
     AlertTest,
     _l,
@@ -19,7 +21,7 @@ from babysitter.generate.alerts._common import (
     _with,
 )
 from babysitter.generate.config import GenerateConfig
-from babysitter.generate.promql import by, new_or_increased, select
+from babysitter.generate.promql import by, eq, new_or_increased, select
 from babysitter.generate.rules import Records
 
 __all__ = ["checkpoint_alerts"]
@@ -178,4 +180,83 @@ def checkpoint_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
-    return [overdue, failing, slow, missing]
+    return [overdue, failing, slow, missing, _interval_off(cfg, r)]
+
+
+def _interval_off(cfg: GenerateConfig, r: Records) -> Alert:
+    """The advisor's alert (info: chat, never a page): the interval is far from the advice and the
+    expected gain is material. Its value is that gain."""
+    ts, c = cfg.tracker_selector, cfg.cluster_label
+    run, on_run = by(r.run_key), f"on ({', '.join(r.run_key)})"
+    current = f"max {run} ({select(G.CKPT_INTERVAL, ts)})"
+    advised = f"max {run} ({select(G.CKPT_INTERVAL_RECOMMENDED, ts)})"
+    now, then = (
+        f"max {run} ({select(G.CKPT_EXPECTED_GOODPUT, ts, eq('interval', which))})"
+        for which in G.CKPT_INTERVAL_WHICH
+    )
+    k, gain = cfg.checkpoint_advice_factor, cfg.checkpoint_advice_min_gain
+    rec = G.CKPT_INTERVAL_RECOMMENDED.name
+    labels = {name: _with(_TRAIN, run=name) for name in ("r1", "r2", "r3", "r4", "r5")}
+
+    def feed(
+        name: str, cur: str, adv: str | None, g_now: str | None, g_then: str | None
+    ) -> list[tuple[str, str]]:
+        out = [(_series(G.CKPT_INTERVAL, labels[name]), cur)]
+        if adv is not None:
+            out.append((_series(G.CKPT_INTERVAL_RECOMMENDED, labels[name]), adv))
+        for which, values in zip(G.CKPT_INTERVAL_WHICH, (g_now, g_then), strict=True):
+            if values is not None:
+                out.append((_series(G.CKPT_EXPECTED_GOODPUT, _with(labels[name], interval=which)), values))
+        return out
+
+    return Alert(
+        name="CheckpointIntervalOffAdvice",
+        expr=(
+            f"({then}\n  - {on_run}\n  {now}\n) > {gain:g}\n"
+            f"and {on_run}\n(\n  {current} > {on_run} {k:g} * {advised}\n"
+            f"  or {on_run}\n  {current} < {on_run} {1 / k:g} * {advised}\n)"
+        ),
+        severity="info",
+        component="checkpoint",
+        summary=f"Run {_l('run')} would gain {_VP} goodput at the recommended checkpoint interval.",
+        description=(
+            f"The checkpoint interval of run {_l('run')} on cluster {_l(c)} is outside "
+            f"[{1 / k:g}x, {k:g}x] of the interval the advisor recommends ({rec}), and the expected goodput "
+            f"there is {_VP} higher (threshold {gain:.0%}). `babysitter report` shows the inputs "
+            f"(save cost, restart cost, interruption rate) and how much data they rest on."
+        ),
+        for_=cfg.checkpoint_advice_for,
+        test=AlertTest(
+            series=(
+                # r1: saves every hour, the advice is 15 min, +10% goodput: fires after for:.
+                *feed("r1", "3600+0x200", "900+0x200", "0.6+0x200", "0.7+0x200"),
+                # r2: 1000 s against 900 s: within the band.
+                *feed("r2", "1000+0x200", "900+0x200", "0.69+0x200", "0.7+0x200"),
+                # r3: far off, but the gain is 0.5%: not material.
+                *feed("r3", "3600+0x200", "900+0x200", "0.695+0x200", "0.7+0x200"),
+                # r4: saves too often (300 s against 900 s), +3%: fires.
+                *feed("r4", "300+0x200", "900+0x200", "0.67+0x200", "0.7+0x200"),
+                # r5: too few interruptions yet, so no advice is exported: quiet.
+                *feed("r5", "3600+0x200", None, None, None),
+            ),
+            quiet=(("30m", "before for:"), ("119m", "before for: (2h)")),
+            fire_at="150m",
+            fire_labels=(_run_labels("r1"), _run_labels("r4")),
+            fire_text=(
+                (
+                    "Run r1 would gain 10% goodput at the recommended checkpoint interval.",
+                    "The checkpoint interval of run r1 on cluster c1 is outside [0.5x, 2x] of the interval "
+                    f"the advisor recommends ({rec}), and the expected goodput there is 10% higher "
+                    "(threshold 1%). `babysitter report` shows the inputs (save cost, restart cost, "
+                    "interruption rate) and how much data they rest on.",
+                ),
+                (
+                    "Run r4 would gain 3% goodput at the recommended checkpoint interval.",
+                    "The checkpoint interval of run r4 on cluster c1 is outside [0.5x, 2x] of the interval "
+                    f"the advisor recommends ({rec}), and the expected goodput there is 3% higher "
+                    "(threshold 1%). `babysitter report` shows the inputs (save cost, restart cost, "
+                    "interruption rate) and how much data they rest on.",
+                ),
+            ),
+        ),
+    )

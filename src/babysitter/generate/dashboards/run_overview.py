@@ -232,6 +232,45 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             min=0,
             width=8,
         ),
+        Panel(
+            "Checkpoint interval: current vs advised",
+            (
+                Target(f"max {run} ({s(G.CKPT_INTERVAL)})", "{{run}} current"),
+                Target(f"max {run} ({s(G.CKPT_INTERVAL_RECOMMENDED)})", "{{run}} advised"),
+                Target(
+                    f"{cfg.checkpoint_advice_factor:g} * max {run} ({s(G.CKPT_INTERVAL_RECOMMENDED)})",
+                    "{{run}} alert above",
+                ),
+                Target(
+                    f"max {run} ({s(G.CKPT_INTERVAL_RECOMMENDED)}) / {cfg.checkpoint_advice_factor:g}",
+                    "{{run}} alert below",
+                ),
+            ),
+            unit="s",
+            min=0,
+            width=12,
+            description="The run's checkpoint interval (save end to next save begin) and the one that "
+            "maximises expected goodput (Daly's optimum from the ledger's save cost, restart cost and "
+            "interruption rate; absent while the rate rests on too little data). Outside the band for "
+            f"{cfg.checkpoint_advice_for} with a material gain: CheckpointIntervalOffAdvice. "
+            "See docs/checkpoint-interval.md.",
+        ),
+        Panel(
+            "Expected goodput: current vs advised interval",
+            (
+                Target(
+                    f"max {by((*r.run_key, 'interval'))} ({s(G.CKPT_EXPECTED_GOODPUT)})",
+                    "{{run}} {{interval}}",
+                ),
+            ),
+            unit="percentunit",
+            min=0,
+            max=1,
+            width=12,
+            description="Expected goodput (Daly's model, from the measured inputs) at the current and at "
+            "the advised checkpoint interval; the gap is what changing the interval is worth. "
+            "`babysitter report` prints the inputs and their confidence.",
+        ),
         Row("Restarts and layout"),
         Panel("Restarts", (Target(f"max {run} ({s(G.RESTARTS)})", "{{run}}"),), width=8),
         Panel(
