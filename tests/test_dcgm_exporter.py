@@ -134,3 +134,84 @@ def test_an_xid_pages_with_its_action_and_joins_to_the_rank(
     assert fired[0]["metric"]["pci_bus_id"] == "0000:02:00"
     prom.wait_for(f'{r.rank_gpu_xid_new}{{run="r", rank="0"}} == 1')
     assert prom.query(f'ALERTS{{alertname="GpuXidError", uuid="{UUID_A}"}}') == []
+
+
+def _promtool_case(
+    tmp_path: Path, cfg: GenerateConfig, series: list[tuple[str, str]], expect: dict[str, list]
+) -> str:
+    """promtool's verdict on the mapping rules of ``cfg`` over ``series`` (evaluated at 2m)."""
+    from babysitter.generate.dcgm import dcgm_groups
+    from babysitter.generate.yamlout import dump
+    from gen_helpers import promtool, require_promtool
+
+    require_promtool()
+    (tmp_path / "rules.yaml").write_text(
+        dump({"groups": dcgm_groups(cfg, {79: "reboot", 13: "restart_app"})})
+    )
+    tests = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": name, "values": values} for name, values in series],
+                "promql_expr_test": [
+                    {"expr": expr, "eval_time": "2m", "exp_samples": samples}
+                    for expr, samples in expect.items()
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yaml").write_text(dump(tests))
+    result = promtool(["test", "rules", "test.yaml"], cwd=tmp_path)
+    return result.stdout + result.stderr
+
+
+_GPU = 'gpu="1", UUID="GPU-x", pci_bus_id="00000000:1B:00.0", modelName="NVIDIA H100 80GB HBM3", Hostname="h"'
+_OUT = {"gpu": "1", "uuid": "GPU-x", "pci_bus_id": "0000:1b:00", "model": "NVIDIA H100 80GB HBM3"}
+
+
+def _labels(**extra: str) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in {**_OUT, **extra}.items()) + "}"
+
+
+def test_clock_event_bitmask_ecc_and_exp_xids(tmp_path: Path) -> None:
+    """Fields outside the recording: the clock-event bitmask (both DCGM names) split into the agent's
+    reasons, ECC counters by type and scope, and DCGM_EXP_XID_ERRORS_COUNT's xid label (``exp`` mode)."""
+    series = [
+        # hw_slowdown (0x8) and hw_thermal_slowdown (0x40); the old field name on another GPU: sw_power_cap.
+        (f"DCGM_FI_DEV_CLOCKS_EVENT_REASONS{{{_GPU}}}", "72x3"),
+        (
+            'DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{gpu="2", UUID="GPU-y", pci_bus_id="00000000:2C:00.0", modelName="m"}',
+            "4x3",
+        ),
+        (f"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{_GPU}}}", "0 0 3 3"),
+        (f'DCGM_EXP_XID_ERRORS_COUNT{{{_GPU}, xid="79"}}', "_ 2 2 2"),
+    ]
+    reason = N.GPU_CLOCK_EVENT_ACTIVE.name
+    expect: dict[str, list] = {
+        f'{reason}{{uuid="GPU-x"}}': [
+            {"labels": f"{reason}" + _labels(reason=name), "value": value}
+            for name, value in (
+                ("sw_power_cap", 0),
+                ("hw_slowdown", 1),
+                ("sw_thermal_slowdown", 0),
+                ("hw_thermal_slowdown", 1),
+                ("hw_power_brake_slowdown", 0),
+            )
+        ],
+        f'{reason}{{uuid="GPU-y", reason="sw_power_cap"}}': [
+            {
+                "labels": f'{reason}{{gpu="2", uuid="GPU-y", pci_bus_id="0000:2c:00", model="m", reason="sw_power_cap"}}',
+                "value": 1,
+            }
+        ],
+        N.GPU_ECC_ERRORS.name: [
+            {"labels": N.GPU_ECC_ERRORS.name + _labels(type="uncorrected", scope="volatile"), "value": 3}
+        ],
+        N.GPU_XID_ERRORS.name: [
+            {"labels": N.GPU_XID_ERRORS.name + _labels(xid="79", action="reboot"), "value": 1}
+        ],
+    }
+    verdict = _promtool_case(tmp_path, GenerateConfig(dcgm_xid_source="exp"), series, expect)
+    assert "SUCCESS" in verdict, verdict
