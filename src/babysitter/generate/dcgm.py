@@ -223,7 +223,8 @@ def dcgm_groups(cfg: GenerateConfig, xid_actions: Mapping[int, str]) -> list[dic
     for name, exprs in by_spec.items():
         rules.append({"record": name, "expr": "\nor\n".join(exprs)})
     rules.append({"record": N.GPU_CLOCK_EVENT_ACTIVE.name, "expr": _clock_events(cfg)})
-    rules.append({"record": N.GPU_XID_ERRORS.name, "expr": _xids(cfg, xid_actions)})
+    if cfg.dcgm_xid_source != "none":
+        rules.append({"record": N.GPU_XID_ERRORS.name, "expr": _xids(cfg, xid_actions)})
     return [{"name": GROUP, "rules": rules}]
 
 
