@@ -198,6 +198,13 @@ t = babysitter.watch(model, run="live", tokens_per_step=batch * seq, samples_per
                      flops_per_token=palm_flops_per_token(model, seq), peak_flops=2e10, port=0,
                      registry_dir=reg, run_dir=run_dir, labels={"cluster": sys.argv[6]},
                      flush_interval=0.2, mfu_window=10.0)
+# A CPU rank has no GPU: it stands in for the simulated node's GPU <rank> (what watch() reads from
+# torch and NVML on a CUDA rank; tests/test_rank_gpu.py tests that path), so the rank-to-GPU joins
+# have data.
+from babysitter.labels import normalize_pci_bus_id
+from babysitter.node.gpu.fake import fake_gpus
+gpu = fake_gpus(rank + 1)[rank]
+t.gpu = {"uuid": gpu.uuid, "pci_bus_id": normalize_pci_bus_id(gpu.pci_bus_id)}
 for x, y in t.data(batches(cfg, batch, seq, seed=rank)):
     t.step(loss=train_step(model, opt, x, y))
     if t.steps == 150:

@@ -72,6 +72,8 @@ SIDEWAYS: frozenset[tuple[str, str]] = frozenset(
         # The two-tier configurations keep what the scorecard and ``babysitter top`` query.
         ("babysitter.generate", "babysitter.scorecard"),
         ("babysitter.generate", "babysitter.views"),
+        # dcgm-exporter's Xid codes get the action buckets of the agent's Xid catalog.
+        ("babysitter.generate", "babysitter.node"),
         # The demo trains like a user (``babysitter.watch``), simulates GPUs, writes the rules, shows ``top``.
         ("babysitter.demo", "babysitter"),
         ("babysitter.demo", "babysitter.generate"),

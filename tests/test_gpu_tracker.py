@@ -6,6 +6,7 @@
   the same for the Lightning and the Hugging Face callbacks, whose hooks run in mode ``error``
   (the frameworks' own syncs are counted and reported, not blamed on babysitter).
 * The loss copied off the device through pinned memory equals the loss the loop computed.
+* ``train_info`` names the rank's GPU (uuid, pci_bus_id) as the node agent's NVML collector does.
 
 Skipped elsewhere, saying why.
 """
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 import babysitter
+from babysitter.catalog import node as N
 from babysitter.catalog import selfmon as S
 from babysitter.catalog import train as T
 from gpu_helpers import (
@@ -305,3 +307,37 @@ def test_hf_callback_never_synchronizes(tmp_path: Path) -> None:
         trainer.train()
     assert "_pre_forward" in wrapped and "on_step_end" in wrapped
     _check_callback("sync_free_hf", callback.tracker, wrapped, syncs, steps=25)
+
+
+# ------------------------------------------------------------------------------------------ rank's GPU
+
+
+def test_train_info_names_the_ranks_gpu_as_the_node_agent_does(tmp_path: Path) -> None:
+    """train_info{uuid, pci_bus_id} of a CUDA rank: the labels the node agent's NVML collector exports for
+    the GPU torch trains on, and the UUID torch itself reports for it (two independent sources)."""
+    import torch
+
+    from babysitter.node.gpu.collector import GpuCollector
+    from babysitter.node.gpu.nvml import load_pynvml
+
+    _model, _opt, tracker, _cfg = _setup(tmp_path)
+    try:
+        info = dict(tracker.snapshot().info)
+    finally:
+        tracker.close()
+    agent = GpuCollector(load_pynvml(), gpm=False)
+    agent.start()
+    try:
+        exported = {
+            s.labels["uuid"]: s.labels["pci_bus_id"]
+            for family in agent.collect()
+            if family.name == N.GPU_UP.name
+            for s in family.samples
+        }
+    finally:
+        agent.close()
+    torch_uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    record("rank_gpu_identity", info_uuid=info["uuid"], info_pci=info["pci_bus_id"], torch_uuid=torch_uuid)
+    assert _internal_errors(tracker) == {}
+    assert exported.get(info["uuid"]) == info["pci_bus_id"], (info, exported)
+    assert info["uuid"].removeprefix("GPU-") == torch_uuid.removeprefix("GPU-")

@@ -20,8 +20,8 @@ import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from babysitter.catalog import goodput as G
 from babysitter.catalog import node as N

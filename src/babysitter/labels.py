@@ -9,7 +9,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-__all__ = ["MAX_LABELS", "MAX_VALUE_LENGTH", "RESERVED", "sanitize_value", "validate_labels"]
+__all__ = [
+    "MAX_LABELS",
+    "MAX_VALUE_LENGTH",
+    "RESERVED",
+    "normalize_pci_bus_id",
+    "sanitize_value",
+    "validate_labels",
+]
 
 MAX_LABELS = 8
 MAX_VALUE_LENGTH = 128
@@ -48,3 +55,21 @@ def validate_labels(labels: Mapping[str, object] | None) -> dict[str, str]:
             raise ValueError(f"label {name!r} has an empty value")
         clean[name] = text
     return clean
+
+
+def normalize_pci_bus_id(bus_id: str) -> str:
+    """One spelling for a PCI address: NVML's ``00000000:9B:00.0`` and the kernel log's ``0000:9b:00``
+    both become ``0000:9b:00``, so Xid lines, a rank's ``train_info`` and the node agent's GPU series
+    name the same GPU the same way; ValueError for anything else."""
+    text = bus_id.strip().lower()
+    if text.startswith("pci:"):
+        text = text[4:]
+    text = text.split(".", 1)[0]
+    parts = text.split(":")
+    if len(parts) == 3:
+        domain, bus, device = parts
+        return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(device, 16):02x}"
+    if len(parts) == 2:
+        bus, device = parts
+        return f"0000:{int(bus, 16):02x}:{int(device, 16):02x}"
+    raise ValueError(f"not a PCI bus id: {bus_id!r}")

@@ -20,6 +20,7 @@ __all__ = [
     "CKPT_LOAD_DURATION",
     "CKPT_SAVE_DURATION",
     "DATA_WAIT",
+    "GPU_INFO_LABELS",
     "HARDWARE_FLOPS",
     "HFU",
     "INFO",
@@ -47,6 +48,9 @@ TRACKER_LABELS = ("run", "rank")
 #: ``train_info`` labels with the parallel degrees (tensor, pipeline, context, expert, data): the keys
 #: of ``watch(parallelism=...)``.
 PARALLEL_LABELS = ("tp", "pp", "cp", "ep", "dp")
+#: ``train_info`` labels naming the GPU the rank runs on, spelled as the node agent's GPU series spell
+#: them (``catalog.node.GPU_LABELS``), so PromQL joins a rank to its GPU on ``uuid``; empty on CPU.
+GPU_INFO_LABELS = ("uuid", "pci_bus_id")
 
 #: Step-time quantiles rank 0 computes over its last :data:`STEP_QUANTILE_STEPS` steps. Ranks of a
 #: synchronous job share step boundaries, so rank 0's distribution is the run's; a 13-bucket
@@ -188,7 +192,8 @@ INFO = MetricSpec(
     "info",
     "",
     "Static facts about this training process: versions, device, dtype used for the peak, world size, "
-    "tensor/pipeline/context/expert/data parallel degrees.",
+    "tensor/pipeline/context/expert/data parallel degrees, and the UUID and PCI address of its GPU "
+    "(empty on CPU or when NVML does not answer).",
     labels=(
         "version",
         "python",
@@ -198,6 +203,7 @@ INFO = MetricSpec(
         "local_rank",
         "flops_source",
         *PARALLEL_LABELS,
+        *GPU_INFO_LABELS,
     ),
 )
 

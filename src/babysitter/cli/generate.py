@@ -48,6 +48,20 @@ def register(subparsers: Any) -> None:
         metavar="PATTERN",
         help="runbook link of every alert, {alert} standing for its name (default: docs/runbooks/{alert}.md)",
     )
+    parser.add_argument(
+        "--dcgm-xid-source",
+        default=None,
+        choices=("field", "exp", "none"),
+        help="dcgm-exporter mode: Xids from DCGM_FI_DEV_XID_ERRORS (field, the default), "
+        "DCGM_EXP_XID_ERRORS_COUNT (exp) or not mapped (none: the agent's kernel-log Xids); "
+        "see docs/dcgm-exporter.md",
+    )
+    parser.add_argument(
+        "--dcgm-selector",
+        default=None,
+        metavar="MATCHERS",
+        help="dcgm-exporter mode: matchers selecting its series, e.g. 'job=\"dcgm-exporter\"' (default: any)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -58,11 +72,20 @@ def run(args: argparse.Namespace) -> int:
 
     out: Path = args.out if args.out is not None else _default_out()
     config = profile(args.profile)
-    if args.runbook_url_pattern is not None:
+    changes = {
+        name: value
+        for name, value in (
+            ("runbook_url_pattern", args.runbook_url_pattern),
+            ("dcgm_xid_source", args.dcgm_xid_source),
+            ("dcgm_selector", args.dcgm_selector),
+        )
+        if value is not None
+    }
+    if changes:
         import dataclasses
 
         try:
-            config = dataclasses.replace(config, runbook_url_pattern=args.runbook_url_pattern)
+            config = dataclasses.replace(config, **changes)
         except ValueError as exc:
             log.error("babysitter generate: %s", exc)
             return 2

@@ -185,6 +185,14 @@ class GenerateConfig:
     #: How long throttling must be sustained before warning.
     throttle_for: str = "15m"
 
+    # --- dcgm-exporter mode (alerts/babysitter-dcgm-exporter-rules.yaml, docs/dcgm-exporter.md) -------
+    #: Matchers selecting dcgm-exporter's series (e.g. ``job="dcgm-exporter"``); empty: wherever they are.
+    dcgm_selector: str = ""
+    #: Where Xids come from: ``field`` (DCGM_FI_DEV_XID_ERRORS, the last Xid, in the default counters),
+    #: ``exp`` (DCGM_EXP_XID_ERRORS_COUNT, per Xid code over the exporter's count window) or ``none``
+    #: (the node agent's Xid collector still reads the kernel log and counts every Xid).
+    dcgm_xid_source: str = "field"
+
     # --- remediation (babysitter remediate) ---------------------------------------------------------
     #: Window in which a failed remediation action, or a refusal by the drain cap or rate limit, pages.
     remediation_window: str = "15m"
@@ -216,6 +224,8 @@ class GenerateConfig:
         overlap = set(self.xid_page_actions) & set(self.xid_ignore_actions)
         if overlap:
             raise ValueError(f"Xid actions both paged and ignored: {sorted(overlap)}")
+        if self.dcgm_xid_source not in ("field", "exp", "none"):
+            raise ValueError(f"dcgm_xid_source: 'field', 'exp' or 'none', got {self.dcgm_xid_source!r}")
         if not self.throttle_reasons or not self.xid_page_actions:
             raise ValueError("throttle_reasons and xid_page_actions must not be empty")
 

@@ -162,7 +162,7 @@ def agent_config(cfg: GenerateConfig, settings: AgentSettings | None = None) -> 
         "scrape_timeout": s.scrape_timeout,
         "sample_limit": s.sample_limit,
         # Trackers and the agent bound label values to 128 characters; the widest label set is
-        # train_info's (17 with the target's), so 32 refuses only a runaway exporter. A refused
+        # train_info's (19 with the target's), so 32 refuses only a runaway exporter. A refused
         # scrape loses the whole host: tests/test_two_tier.py scrapes through this job.
         "label_limit": 32,
         "label_value_length_limit": 256,

@@ -124,6 +124,57 @@ class Records:
         """Write + fsync time of the last storage probe, per host and path."""
         return record_name(["instance", "path"], S.STORAGE_PROBE_WRITE.name, "plus_fsync")
 
+    # --- a rank joined to its GPU (train_info{uuid} -> the node agent's or dcgm-exporter's gpu_* series)
+
+    @property
+    def rank_gpu_key(self) -> tuple[str, ...]:
+        """Labels of the rank-to-GPU records: the rank's, then its GPU's as the GPU series name it
+        (``instance`` is the host's GPU target, not the trainer's)."""
+        return (*self.rank_key, "instance", *N.GPU_LABELS)
+
+    @property
+    def rank_gpu(self) -> str:
+        """1 per rank whose GPU reports: the rank with its GPU's uuid, host, index, bus id and model.
+
+        The join key is ``uuid`` (with the cluster label): globally unique, and the same in the
+        trainer's info series and the GPU's series whichever target scraped them.
+        """
+        return record_name(["run", "rank"], "gpu", "info")
+
+    @property
+    def rank_gpu_step_ratio(self) -> str:
+        """Each rank's step time over the run's median rank, labeled with its GPU."""
+        return record_name(
+            ["run", "rank"], T.STEP_DURATION.name, f"ratio_to_median{self.cfg.rate_window}_by_gpu"
+        )
+
+    @property
+    def rank_gpu_sm_clock(self) -> str:
+        """SM clock of each rank's GPU."""
+        return record_name(["run", "rank"], N.GPU_SM_CLOCK.name, "by_gpu")
+
+    @property
+    def rank_gpu_temperature(self) -> str:
+        """Core temperature of each rank's GPU."""
+        return record_name(["run", "rank"], N.GPU_TEMPERATURE.name, "by_gpu")
+
+    @property
+    def rank_gpu_throttle(self) -> str:
+        """Each throttling clock-event reason of each rank's GPU (1 while active), by ``reason``."""
+        return record_name(["run", "rank"], N.GPU_CLOCK_EVENT_ACTIVE.name, "by_gpu")
+
+    @property
+    def rank_gpu_ecc_new(self) -> str:
+        """Uncorrectable ECC errors new on each rank's GPU in the rate window."""
+        return record_name(
+            ["run", "rank"], N.GPU_ECC_ERRORS.base_name, f"uncorrected_new{self.cfg.rate_window}"
+        )
+
+    @property
+    def rank_gpu_xid_new(self) -> str:
+        """Xid errors (all codes) new on each rank's GPU in the Xid window."""
+        return record_name(["run", "rank"], N.GPU_XID_ERRORS.base_name, f"new{self.cfg.xid_window}")
+
     # --- roll-ups the scorecard and the cluster-wide panels read over days (never raw per-rank series)
 
     @property
@@ -268,6 +319,54 @@ def _node_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
     ]
 
 
+def _rank_gpu_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
+    """A rank joined to its GPU on ``uuid``: step time next to clocks, throttling, temperature, ECC, Xids.
+
+    Every join has the rank side many and the GPU side one per (cluster, uuid), so two ranks sharing
+    a GPU both get its state, and a GPU reason or Xid code that comes and goes never makes the right
+    side ambiguous (reasons are joined one at a time, Xid codes summed).
+    """
+    ts, ns, c = cfg.tracker_selector, cfg.node_selector, cfg.cluster_label
+    key = (c, "uuid")
+    on = f"on ({', '.join(key)})"
+    gpu_labels = ("instance", *(label for label in N.GPU_LABELS if label != "uuid"))
+    identity = f"max {by((*key, *gpu_labels))} ({select(N.GPU_UP, ns)})"
+    info = select(T.INFO, ts, 'uuid!=""')
+
+    def joined(gpu_side: str) -> str:
+        return f"{r.rank_gpu}\n* {on} group_left ()\n{gpu_side}"
+
+    throttle = "\nor\n".join(
+        f"{r.rank_gpu}\n* {on} group_left ({N.GPU_CLOCK_EVENT_ACTIVE.labels[-1]})\n"
+        f"max {by((*key, 'reason'))} ({select(N.GPU_CLOCK_EVENT_ACTIVE, ns, eq('reason', reason))})"
+        for reason in cfg.throttle_reasons
+    )
+    ecc = select(N.GPU_ECC_ERRORS, ns, eq("type", cfg.ecc_uncorrected_type), 'uuid!=""')
+    xid = select(N.GPU_XID_ERRORS, ns, 'uuid!=""')
+    zero = f"0 * max {by(key)} ({select(N.GPU_UP, ns)})"
+    return [
+        _rule(
+            r.rank_gpu,
+            f"max {by((*r.rank_key, 'uuid'))} ({info})\n* {on} group_left ({', '.join(gpu_labels)})\n"
+            f"(0 * {identity} + 1)",
+        ),
+        _rule(
+            r.rank_gpu_step_ratio,
+            f"{r.rank_step_ratio}\n* on ({', '.join(r.rank_key)}) "
+            f"group_left ({', '.join(('uuid', *gpu_labels))})\n{r.rank_gpu}",
+        ),
+        _rule(r.rank_gpu_sm_clock, joined(f"max {by(key)} ({select(N.GPU_SM_CLOCK, ns)})")),
+        _rule(
+            r.rank_gpu_temperature,
+            joined(f"max {by(key)} ({select(N.GPU_TEMPERATURE, ns, eq('sensor', 'gpu'))})"),
+        ),
+        _rule(r.rank_gpu_throttle, throttle),
+        # 0 rather than nothing for a GPU without errors, so the slowest ranks' table shows every GPU.
+        _rule(r.rank_gpu_ecc_new, joined(f"(sum {by(key)} ({growth(ecc, cfg.rate_window)})\nor {zero})")),
+        _rule(r.rank_gpu_xid_new, joined(f"(sum {by(key)} ({growth(xid, cfg.xid_window)})\nor {zero})")),
+    ]
+
+
 def _rollup_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
     """Run and cluster roll-ups: what the scorecard and the cluster-wide panels read over days.
 
@@ -311,6 +410,8 @@ def _rollup_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
 _GROUPS = (
     ("babysitter-training.rules", _training_rules),
     ("babysitter-node.rules", _node_rules),
+    # Reads the training group's step-time ratio (from that group's last evaluation).
+    ("babysitter-rank-gpu.rules", _rank_gpu_rules),
     # Its storage roll-up reads the node group's per-host result (from that group's last evaluation).
     ("babysitter-rollup.rules", _rollup_rules),
 )
@@ -346,6 +447,17 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
 
     def out(record: str, **labels: str) -> str:
         return _series(record, {"cluster": "c1", **labels})
+
+    def gpu_of(gpu: str, uuid: str, **extra: str) -> dict[str, str]:
+        bus = {"0": "0000:18:00", "1": "0000:28:00"}[gpu]
+        identity = {"gpu": gpu, "uuid": uuid, "pci_bus_id": bus, "model": "NVIDIA H100 80GB HBM3"}
+        return {"cluster": "c1", "instance": "h1:9400", "job": "gpu", **identity, **extra}
+
+    def on_gpu(record: str, number: str, **extra: str) -> str:
+        gpu = {"0": "0", "2": "1"}[number]
+        labels = gpu_of(gpu, {"0": "GPU-a", "2": "GPU-b"}[number])
+        del labels["job"]
+        return out(record, run="r1", rank=number, **labels, **extra)
 
     series = [
         # MFU: ranks 0 and 1 at 50 and 30 FLOP/s of 100 each; rank 2's device has no known peak and must
@@ -440,6 +552,42 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
                 (_series(P.PROBE_STORAGE_WRITE_BANDWIDTH.name, {**base, "instance": host}), f"{write}+0x20"),
             )
         ),
+        # A rank joined to its GPU: rank 0 on GPU-a, rank 2 on GPU-b (hot, throttled, an Xid at minute 4,
+        # new in the 15m Xid window but not in the cluster's 5m one, and an ECC error at minute 8), rank 1
+        # without a GPU in train_info. The GPUs' series come from another target than the trainers'
+        # (the join is on uuid, never instance).
+        *(
+            (_series(T.INFO.name, rank(number, uuid=uuid, pci_bus_id=bus)), "1+0x20")
+            for number, uuid, bus in (("0", "GPU-a", "0000:18:00"), ("2", "GPU-b", "0000:28:00"))
+        ),
+        (_series(T.INFO.name, rank("1")), "1+0x20"),
+        *(
+            item
+            for gpu, uuid, clock, temp, slowdown in (
+                ("0", "GPU-a", "1.98e9", "60", "0"),
+                ("1", "GPU-b", "1.1e9", "88", "1"),
+            )
+            for item in (
+                (_series(N.GPU_UP.name, gpu_of(gpu, uuid)), "1+0x20"),
+                (_series(N.GPU_SM_CLOCK.name, gpu_of(gpu, uuid)), f"{clock}+0x20"),
+                (_series(N.GPU_TEMPERATURE.name, gpu_of(gpu, uuid, sensor="gpu")), f"{temp}+0x20"),
+                (_series(N.GPU_TEMPERATURE.name, gpu_of(gpu, uuid, sensor="memory")), "99+0x20"),
+                (
+                    _series(N.GPU_CLOCK_EVENT_ACTIVE.name, gpu_of(gpu, uuid, reason="hw_slowdown")),
+                    f"{slowdown}+0x20",
+                ),
+                (_series(N.GPU_CLOCK_EVENT_ACTIVE.name, gpu_of(gpu, uuid, reason="sw_power_cap")), "1+0x20"),
+                (
+                    _series(N.GPU_ECC_ERRORS.name, gpu_of(gpu, uuid, type="uncorrected", scope="volatile")),
+                    "0+0x7 " + f"{slowdown}+0x12",
+                ),
+            )
+        ),
+        (
+            _series(N.GPU_CLOCK_EVENT_ACTIVE.name, gpu_of("1", "GPU-b", reason="hw_thermal_slowdown")),
+            "1+0x20",
+        ),
+        (_series(N.GPU_XID_ERRORS.name, gpu_of("1", "GPU-b", xid="79", action="reboot")), "_x3 1+0x16"),
     ]
     at = "10m"
     cases: list[tuple[str, list[tuple[str, float]]]] = [
@@ -490,6 +638,35 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
         (r.probe_lemons, [(out(r.probe_lemons), 1.0)]),
         (r.probe_busbw_median, [(out(r.probe_busbw_median), 200.0)]),
         (r.probe_storage_write_median, [(out(r.probe_storage_write_median), 20.0)]),
+        (r.rank_gpu, [(on_gpu(r.rank_gpu, "0"), 1.0), (on_gpu(r.rank_gpu, "2"), 1.0)]),
+        (
+            r.rank_gpu_step_ratio,
+            [(on_gpu(r.rank_gpu_step_ratio, "0"), 1.0), (on_gpu(r.rank_gpu_step_ratio, "2"), 1.5)],
+        ),
+        (
+            r.rank_gpu_sm_clock,
+            [(on_gpu(r.rank_gpu_sm_clock, "0"), 1.98e9), (on_gpu(r.rank_gpu_sm_clock, "2"), 1.1e9)],
+        ),
+        (
+            r.rank_gpu_temperature,
+            [(on_gpu(r.rank_gpu_temperature, "0"), 60.0), (on_gpu(r.rank_gpu_temperature, "2"), 88.0)],
+        ),
+        (
+            r.rank_gpu_throttle,
+            [
+                (on_gpu(r.rank_gpu_throttle, "0", reason="hw_slowdown"), 0.0),
+                (on_gpu(r.rank_gpu_throttle, "2", reason="hw_slowdown"), 1.0),
+                (on_gpu(r.rank_gpu_throttle, "2", reason="hw_thermal_slowdown"), 1.0),
+            ],
+        ),
+        (
+            r.rank_gpu_ecc_new,
+            [(on_gpu(r.rank_gpu_ecc_new, "0"), 0.0), (on_gpu(r.rank_gpu_ecc_new, "2"), 1.0)],
+        ),
+        (
+            r.rank_gpu_xid_new,
+            [(on_gpu(r.rank_gpu_xid_new, "0"), 0.0), (on_gpu(r.rank_gpu_xid_new, "2"), 1.0)],
+        ),
     ]
     return {
         "evaluation_interval": "1m",

@@ -18,16 +18,19 @@ from pathlib import Path
 from babysitter.generate.alerts import alert_groups, alerts, test_file
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.dashboards import dashboards
+from babysitter.generate.dcgm import dcgm_groups
 from babysitter.generate.distributed import agent_config, budget_comment, mimir_rules
 from babysitter.generate.metrics_doc import render_metrics_doc
 from babysitter.generate.rules import recording_groups, recording_tests
 from babysitter.generate.yamlout import dump
+from babysitter.node.xid.codes import CATALOG as XID_CATALOG
 
 __all__ = [
     "AGENT_CONFIG",
     "ALERT_RULES",
     "ALERT_TESTS_DIR",
     "DASHBOARDS_DIR",
+    "DCGM_RULES",
     "MIMIR_RULES",
     "RECORDING_RULES",
     "RUNBOOKS_DIR",
@@ -41,6 +44,8 @@ DASHBOARDS_DIR = "dashboards"
 RECORDING_RULES = "alerts/babysitter-rules.yaml"
 ALERT_RULES = "alerts/babysitter-alerts.yaml"
 ALERT_TESTS_DIR = "alerts/tests"
+#: dcgm-exporter mode: load it next to the others when dcgm-exporter, not the agent, reads the GPUs.
+DCGM_RULES = "alerts/babysitter-dcgm-exporter-rules.yaml"
 RUNBOOKS_DIR = "docs/runbooks"
 METRICS_DOC = "docs/metrics.md"
 RUNBOOK_INDEX = f"{RUNBOOKS_DIR}/README.md"
@@ -91,6 +96,13 @@ def render(cfg: GenerateConfig) -> dict[str, str]:
         )
     files[RECORDING_RULES] = _yaml({"groups": recording_groups(cfg)})
     files[ALERT_RULES] = _yaml({"groups": alert_groups(cfg)})
+    files[DCGM_RULES] = _yaml(
+        {"groups": dcgm_groups(cfg, {code: info.action for code, info in XID_CATALOG.items()})},
+        (
+            "dcgm-exporter mode (docs/dcgm-exporter.md): dcgm-exporter's series as the gpu_* series the",
+            "alerts, dashboards and rank-to-GPU joins read. Load it only with the agent's GPU collector off.",
+        ),
+    )
     if cfg == GenerateConfig():
         rule_files = [os.path.relpath(path, ALERT_TESTS_DIR) for path in (RECORDING_RULES, ALERT_RULES)]
         for alert in alerts(cfg):

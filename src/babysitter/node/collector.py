@@ -13,6 +13,8 @@ from typing import Protocol
 
 from prometheus_client.core import Metric
 
+from babysitter.labels import normalize_pci_bus_id
+
 __all__ = ["Collector", "GpuIdentity", "normalize_pci_bus_id"]
 
 
@@ -42,20 +44,3 @@ class GpuIdentity:
     def label_values(self) -> tuple[str, str, str, str]:
         """Values in the order of :data:`babysitter.catalog.node.GPU_LABELS`."""
         return (str(self.index), self.uuid, normalize_pci_bus_id(self.pci_bus_id), self.model)
-
-
-def normalize_pci_bus_id(bus_id: str) -> str:
-    """One spelling for a PCI address: NVML's ``00000000:9B:00.0`` and the kernel log's ``0000:9b:00``
-    both become ``0000:9b:00``, so Xid lines map to the GPU that NVML reports."""
-    text = bus_id.strip().lower()
-    if text.startswith("pci:"):
-        text = text[4:]
-    text = text.split(".", 1)[0]
-    parts = text.split(":")
-    if len(parts) == 3:
-        domain, bus, device = parts
-        return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(device, 16):02x}"
-    if len(parts) == 2:
-        bus, device = parts
-        return f"0000:{int(bus, 16):02x}:{int(device, 16):02x}"
-    raise ValueError(f"not a PCI bus id: {bus_id!r}")

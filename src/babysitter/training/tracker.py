@@ -205,6 +205,9 @@ class Tracker:
         #: URL its metrics are served on (None without an HTTP endpoint).
         self.registry: Any = None
         self.metrics_url: str | None = None
+        #: Set by :func:`babysitter.watch` on a CUDA rank: its GPU's ``uuid`` and ``pci_bus_id``
+        #: (``training/gpu.py``), exported in ``train_info``; empty values elsewhere.
+        self.gpu: dict[str, str] = dict.fromkeys(T.GPU_INFO_LABELS, "")
 
     # ------------------------------------------------------------------ hot path
 
@@ -596,6 +599,7 @@ class Tracker:
             "local_rank": str(config.rank.local_rank),
             "flops_source": config.flops.source,
             **config.parallel.labels(),
+            **self.gpu,
         }
 
     def event_metrics(self, label_names: list[str], label_values: list[str]) -> Iterable[Any]:

@@ -170,6 +170,7 @@ def watch(
     events = _events(config, enabled=ledger)
     tracker = Tracker(config, events=events, cuda_timer=timer, loss_reader=loss_reader)
     _TRACKERS.add(tracker)
+    _identify_gpu(tracker, config, model)
     try:
         events.incarnation_start(
             time=tracker.start_time,
@@ -259,6 +260,34 @@ def _cuda_parts(config: TrackerConfig) -> tuple[CudaStepTimer | None, LossReader
         import torch
     timer = CudaStepTimer(lambda: torch.cuda.Event(enable_timing=True))
     return timer, LossReader(training_stream=torch.cuda.current_stream())
+
+
+def _cuda_device_index(config: TrackerConfig, model: object) -> int | None:
+    """The CUDA device this rank trains on (its model's, else the current one under CUDA timing)."""
+    torch: Any = sys.modules.get("torch")
+    if torch is None:
+        return None
+    if model is not None and hasattr(model, "parameters"):
+        first = next(iter(model.parameters()), None)
+        if first is not None:
+            device = first.device
+            return int(device.index or 0) if device.type == "cuda" else None
+    if config.timing == "cuda":
+        return int(torch.cuda.current_device())
+    return None
+
+
+def _identify_gpu(tracker: Tracker, config: TrackerConfig, model: object) -> None:
+    """Put the rank's GPU (uuid, PCI address) into ``train_info``; nothing on CPU, never raises."""
+    try:
+        index = _cuda_device_index(config, model)
+        if index is None:
+            return
+        from babysitter.training.gpu import gpu_labels
+
+        tracker.gpu = gpu_labels(sys.modules["torch"], index, tracker.errors)
+    except Exception as exc:
+        tracker.errors.record("gpu_identity", exc)
 
 
 def _events(config: TrackerConfig, *, enabled: bool) -> RunEvents:

@@ -271,6 +271,8 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             "the advised checkpoint interval; the gap is what changing the interval is worth. "
             "`babysitter report` prints the inputs and their confidence.",
         ),
+        Row("Slowest ranks and their GPUs"),
+        _slowest_ranks_gpus(cfg, r, f),
         Row("Restarts and layout"),
         Panel("Restarts", (Target(f"max {run} ({s(G.RESTARTS)})", "{{run}}"),), width=8),
         Panel(
@@ -307,3 +309,47 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
 def _mean(run: str, total: str, count: str, window: str = "1h") -> str:
     """Mean of a histogram over ``window``, slowest rank first (saves are rare: a short window is empty)."""
     return f"max {run} (rate({total}[{window}]) / rate({count}[{window}]))"
+
+
+#: Ranks the slowest ranks' table shows per run.
+SLOWEST_RANKS = 5
+
+
+def _slowest_ranks_gpus(cfg: GenerateConfig, r: Records, f: str) -> Panel:
+    """A table of each run's slowest ranks with their GPU's state (the rank-to-GPU join records)."""
+    rank = ", ".join(r.rank_key)
+    slowest = f"topk by ({cfg.cluster_label}, run) ({SLOWEST_RANKS}, {rec(r.rank_gpu_step_ratio, f)})"
+
+    def of(record: str, without: str = "") -> Target:
+        # Aggregating drops __name__, so the table's merge lines the queries up by their labels.
+        agg = f"sum without ({without})" if without else "max without ()"
+        return Target(f"{agg} ({rec(record, f)} and on ({rank}) {slowest})", mode="instant")
+
+    return Panel(
+        f"Slowest {SLOWEST_RANKS} ranks per run and their GPUs",
+        (
+            Target(f"max without () ({slowest})", mode="instant"),
+            of(r.rank_gpu_sm_clock),
+            of(r.rank_gpu_temperature),
+            of(r.rank_gpu_throttle, "reason"),
+            of(r.rank_gpu_xid_new),
+            of(r.rank_gpu_ecc_new),
+        ),
+        kind="table",
+        width=24,
+        height=8,
+        columns=(
+            ("Value #A", "step time / median rank"),
+            ("Value #B", "SM clock (Hz)"),
+            ("Value #C", "temperature (C)"),
+            ("Value #D", "throttle reasons active"),
+            ("Value #E", f"Xids ({cfg.xid_window})"),
+            ("Value #F", f"uncorrectable ECC ({cfg.rate_window})"),
+        ),
+        description="Each run's slowest ranks by mean step time over the median rank "
+        f"({r.rank_gpu_step_ratio}), with their GPU joined on uuid ({T.INFO.name} carries it per rank): SM "
+        f"clock, core temperature, how many of the throttling clock-event reasons "
+        f"({', '.join(cfg.throttle_reasons)}) are active, and new Xid and uncorrectable ECC errors. "
+        "A slow rank on a hot, throttled GPU is the GPU's fault; a slow rank on a healthy GPU points "
+        f"elsewhere (input, host, network). Empty for ranks without a GPU in {T.INFO.name} (CPU, NVML down).",
+    )

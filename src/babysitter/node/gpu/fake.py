@@ -483,6 +483,21 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         return self._handles[index]
 
+    def nvmlDeviceGetHandleByPciBusId(self, pciBusId: str | bytes) -> Any:
+        """NVML takes any spelling of the address (``00000000:18:00.0``, ``0000:18:00.0``, any case)."""
+        self._enter("nvmlDeviceGetHandleByPciBusId")
+        wanted = pciBusId.decode() if isinstance(pciBusId, bytes) else str(pciBusId)
+        try:
+            key = _pci_key(wanted)
+        except ValueError:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT) from None
+        for index, gpu in enumerate(self.gpus):
+            if _pci_key(gpu.pci_bus_id) == key:
+                if gpu.lost:
+                    raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+                return self._handles[index]
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+
     def nvmlDeviceGetIndex(self, handle: Any) -> int:
         return self._dev(handle, "nvmlDeviceGetIndex").index
 
@@ -684,3 +699,13 @@ class FakeNvml:
         with self._lock:
             if self._event_sets.pop(int(eventSet.contents.id), None) is None:
                 raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+
+
+def _pci_key(bus_id: str) -> tuple[int, int, int, int]:
+    """(domain, bus, device, function) of a PCI address in any of NVML's spellings."""
+    text = bus_id.strip().lower()
+    head, _, function = text.partition(".")
+    parts = head.split(":")
+    if len(parts) != 3:
+        raise ValueError(f"not a PCI bus id: {bus_id!r}")
+    return (int(parts[0], 16), int(parts[1], 16), int(parts[2], 16), int(function or "0", 16))
