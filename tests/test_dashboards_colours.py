@@ -134,3 +134,10 @@ class TestBuilder:
             GenerateConfig(mfu_poor=0.4, mfu_good=0.3)
         with pytest.raises(ValueError, match="gpu_temperature_warm"):
             GenerateConfig(gpu_temperature_warm=90)
+
+    def test_a_short_overdue_cap_still_colours_in_order(self) -> None:
+        """A team that caps CheckpointOverdue at 30 min gets amber at 15 min, not a refused config."""
+        from babysitter.generate.dashboards._common import checkpoint_age_steps
+
+        steps = checkpoint_age_steps(GenerateConfig(checkpoint_overdue_max_seconds=1800))
+        assert steps.steps == ((900, "orange"), (1800, "red"))

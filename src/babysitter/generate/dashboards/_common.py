@@ -93,11 +93,10 @@ def goodput_steps(cfg: GenerateConfig) -> Steps:
 
 
 def checkpoint_age_steps(cfg: GenerateConfig) -> Steps:
-    """Green, amber from ``checkpoint_age_warn_seconds``, red from the overdue cap."""
-    return Steps(
-        "green",
-        ((cfg.checkpoint_age_warn_seconds, "orange"), (cfg.checkpoint_overdue_max_seconds, "red")),
-    )
+    """Green, amber from ``checkpoint_age_warn_seconds`` (at most half the overdue cap, so a config
+    with a short cap still colours in order), red from the overdue cap."""
+    cap = cfg.checkpoint_overdue_max_seconds
+    return Steps("green", ((min(cfg.checkpoint_age_warn_seconds, cap // 2), "orange"), (cap, "red")))
 
 
 def temperature_steps(cfg: GenerateConfig) -> Steps:
