@@ -16,6 +16,7 @@ import yaml
 
 from babysitter.generate import GenerateConfig
 from babysitter.generate.config import parse_duration
+from babysitter.node.config import AgentConfig
 from gen_helpers import REPO
 
 CFG = GenerateConfig()
@@ -107,7 +108,8 @@ def test_node_agents_are_scraped_every_15s_at_most() -> None:
 )
 def test_worst_case_fault_to_page_fits_the_goal(alertname: str, labels: dict[str, str], budget: int) -> None:
     """Worst case: the fault lands just after a scrape, the sample just after an evaluation, then
-    ``for:`` (plus the stall threshold for a stall), then the pager route's group_wait. Evaluation of
+    ``for:`` (plus the stall threshold for a stall, the sentinel's pass for a deleted checkpoint), then
+    the pager route's group_wait. Evaluation of
     the recording rule TrainingStalled reads is not on the path: its stall clock comes from the scrape."""
     group, rule = _rule(alertname)
     route = _route_for({**labels, "alertname": alertname})
@@ -115,9 +117,13 @@ def test_worst_case_fault_to_page_fits_the_goal(alertname: str, labels: dict[str
     scrape = max(seconds for _, seconds in _scrape_intervals())
     evaluation = parse_duration(group.get("interval", f"{DEFAULT_EVALUATION}s"))
     hold = parse_duration(rule.get("for", "0s"))
-    threshold = CFG.stall_min_seconds if alertname == "TrainingStalled" else 0
-    worst = scrape + evaluation + threshold + hold + parse_duration(route["group_wait"])
-    assert worst < budget, (alertname, scrape, evaluation, threshold, hold, route["group_wait"])
+    # Before the scrape can see it: the stall threshold, or the checkpoint sentinel's next pass.
+    detect = {
+        "TrainingStalled": CFG.stall_min_seconds,
+        "CheckpointMissing": AgentConfig().checkpoint_interval,
+    }
+    worst = scrape + evaluation + detect.get(alertname, 0) + hold + parse_duration(route["group_wait"])
+    assert worst < budget, (alertname, scrape, evaluation, detect, hold, route["group_wait"])
 
 
 def test_warnings_keep_the_slower_chat_timing() -> None:
