@@ -122,12 +122,14 @@ def _walk_panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
 
 def dashboard_exprs(model: dict[str, Any]) -> list[tuple[str, str]]:
-    """``(panel title, expr)`` of every query of a dashboard model, variables' queries included."""
+    """``(panel title, expr)`` of every query of a dashboard model, variables' and annotations'
+    queries included (``variable NAME``, ``annotation NAME``)."""
     found = [
         (panel["title"], target["expr"])
         for panel in _walk_panels(model["panels"])
         for target in panel.get("targets", [])
     ]
+    found += [(f"annotation {item['name']}", item["expr"]) for item in model["annotations"]["list"]]
     for variable in model["templating"]["list"]:
         if variable["type"] == "query":
             match = re.fullmatch(

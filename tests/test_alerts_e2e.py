@@ -26,7 +26,11 @@ XID79_AT = 20  # seconds after the agent starts
 def _alertmanager_config(receiver: str) -> str:
     """The example config with its webhooks pointed at the test and short grouping delays."""
     config = yaml.safe_load((REPO / "exporters/alertmanager.yml").read_text())
-    config["route"].update(group_wait="1s", group_interval="2s", repeat_interval="1h")
+    routes = [config["route"]]
+    while routes:  # every route: the pager route sets its own (production) timings
+        route = routes.pop()
+        route.update(group_wait="1s", group_interval="2s", repeat_interval="1h")
+        routes += route.get("routes", [])
     for item in config["receivers"]:
         name = item["name"]
         item["webhook_configs"] = [{"url": f"{receiver}/{name}", "send_resolved": True}]

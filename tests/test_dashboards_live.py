@@ -65,6 +65,9 @@ def _queries() -> list[tuple[str, str, str, bool]]:
         for title, expr in dashboard_exprs(model):
             if title.startswith("variable "):
                 found.append((path.stem, title, expr, True))
+            # Annotations of events this stack has (saves, Xids); restarts and hangs it does not.
+            if title in ("annotation Checkpoint saves", "annotation Xid errors"):
+                found.append((path.stem, title, expr, False))
     return found
 
 

@@ -44,7 +44,11 @@ _TIER_LABELS = {"tier", "rack"}
 
 def _alertmanager_config(receiver: str) -> str:
     config = yaml.safe_load((REPO / "exporters/alertmanager.yml").read_text())
-    config["route"].update(group_wait="1s", group_interval="2s", repeat_interval="1h")
+    routes = [config["route"]]
+    while routes:  # every route: the pager route sets its own (production) timings
+        route = routes.pop()
+        route.update(group_wait="1s", group_interval="2s", repeat_interval="1h")
+        routes += route.get("routes", [])
     for item in config["receivers"]:
         item["webhook_configs"] = [{"url": f"{receiver}/{item['name']}", "send_resolved": True}]
     return yaml.safe_dump(config)

@@ -51,13 +51,22 @@ class GenerateConfig:
     #: --runbook-url-pattern https://git.example.org/ml/babysitter/-/blob/main/docs/runbooks/{alert}.md``).
     runbook_url_pattern: str = "docs/runbooks/{alert}.md"
 
+    # --- evaluation ------------------------------------------------------------------------------
+    #: Evaluation interval (group ``interval``) of every rule group with a paging (critical) alert, so
+    #: a page does not wait for Prometheus's 1 m default: scrape (15 s) + evaluation (15 s) + the pager
+    #: route's group_wait (10 s, exporters/alertmanager.yml) keeps an Xid 79 under 60 s. Other groups
+    #: use the server's ``evaluation_interval``.
+    page_eval_interval: str = "15s"
+
     # --- aggregation windows ----------------------------------------------------------------------
     #: Window of the rates the dashboards and recording rules use; at least 4 scrape intervals.
     rate_window: str = "5m"
 
     # --- training stalled -------------------------------------------------------------------------
-    #: A run is stalled after max(stall_min_seconds, stall_step_factor x its mean step time).
-    stall_min_seconds: int = 600
+    #: A run is stalled after max(stall_min_seconds, stall_step_factor x its mean step time). 4 min, so a
+    #: stall pages within 5 min (the stall clock pauses during checkpoints and marked phases, so a long
+    #: save or eval does not count; benchmarks/results/paging.md measures the page).
+    stall_min_seconds: int = 240
     #: How many typical steps of silence count as a stall (long steps of huge models need more than 10 min).
     stall_step_factor: float = 10.0
     #: Window over which the typical (mean) step time is measured; must cover many steps.
@@ -66,7 +75,7 @@ class GenerateConfig:
     #: stops answering the node agent); a run silent for longer than this no longer counts as stalled.
     stall_lookback_window: str = "6h"
     #: Extra wait before paging once the threshold is crossed (the threshold already is the grace period).
-    stall_for: str = "1m"
+    stall_for: str = "0s"
 
     #: Window in which a training process that died without unregistering warns.
     trainer_exit_window: str = "10m"
@@ -201,6 +210,22 @@ class GenerateConfig:
     #: Window in which a non-finite loss fires.
     nonfinite_window: str = "10m"
 
+    # --- dashboard colours (what a person reads at 3 a.m.) ------------------------------------------
+    #: MFU below this is red: a stall, a tiny batch or throttled GPUs, not a tuning question.
+    mfu_poor: float = 0.2
+    #: MFU from this up is green, amber in between: well-tuned dense LLM training reaches 35-55%
+    #: (PaLM 540B 46.2% on TPU v4; Llama 3 405B 38-43% BF16 on H100, per their papers).
+    mfu_good: float = 0.35
+    #: Goodput below this is red; amber below ``goodput_target`` (the alert's threshold), green above.
+    goodput_poor: float = 0.75
+    #: The last checkpoint's age turns amber from here (at most half the overdue cap), red from
+    #: ``checkpoint_overdue_max_seconds`` (where CheckpointOverdue fires at the latest).
+    checkpoint_age_warn_seconds: int = 3600
+    #: GPU temperature (Celsius) from which panels turn amber and red: datacenter GPUs (H100/A100)
+    #: throttle in the high 80s (``nvidia-smi -q``: "GPU Slowdown Temp"); amber leaves room to act.
+    gpu_temperature_warm: float = 80.0
+    gpu_temperature_hot: float = 87.0
+
     def __post_init__(self) -> None:
         for name in ("cluster_label", "rack_label"):
             if not _LABEL.match(getattr(self, name)):
@@ -210,13 +235,24 @@ class GenerateConfig:
                 raise ValueError(f"run_labels: {label!r} is not a free label name")
         for item in fields(self):
             value = getattr(self, item.name)
-            if item.name.endswith(("_window", "_for")):
+            if item.name.endswith(("_window", "_for", "_interval")):
                 seconds = parse_duration(value)
-                if item.name.endswith("_window") and seconds <= 0:
+                if item.name.endswith(("_window", "_interval")) and seconds <= 0:
                     raise ValueError(f"{item.name} must be positive: {value!r}")
-        for name in ("mfu_drop_fraction", "goodput_target", "throttle_fraction"):
+        for name in ("mfu_drop_fraction", "goodput_target", "throttle_fraction", "mfu_poor", "mfu_good"):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must lie strictly between 0 and 1")
+        if not (self.mfu_poor < self.mfu_good and 0.0 < self.goodput_poor < self.goodput_target):
+            raise ValueError(
+                "dashboard colours: need mfu_poor < mfu_good and 0 < goodput_poor < goodput_target"
+            )
+        if not (
+            self.checkpoint_age_warn_seconds > 0 and self.gpu_temperature_warm < self.gpu_temperature_hot
+        ):
+            raise ValueError(
+                "dashboard colours: need 0 < checkpoint_age_warn_seconds and "
+                "gpu_temperature_warm < gpu_temperature_hot"
+            )
         if self.straggler_ratio <= 1.0:
             raise ValueError("straggler_ratio must be above 1")
         if "{alert}" not in self.runbook_url_pattern:
@@ -239,6 +275,7 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
     return replace(
         base or GenerateConfig(),
         rate_window="20s",
+        page_eval_interval="1s",
         stall_min_seconds=15,
         stall_step_factor=5.0,
         stall_baseline_window="2m",
@@ -258,6 +295,7 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         ledger_not_writing_for="10s",
         checkpoint_interval_window="5m",
         checkpoint_overdue_max_seconds=120,
+        checkpoint_age_warn_seconds=60,
         checkpoint_overdue_for="0s",
         checkpoint_failure_window="1m",
         checkpoint_slow_window="2m",

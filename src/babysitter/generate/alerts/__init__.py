@@ -49,9 +49,18 @@ def alerts(cfg: GenerateConfig) -> list[Alert]:
 
 
 def alert_groups(cfg: GenerateConfig) -> list[dict[str, object]]:
-    """The ``groups`` of the alert rule file."""
+    """The ``groups`` of the alert rule file. A group with a paging (critical) alert is evaluated every
+    ``page_eval_interval``: Prometheus's default of 1 m alone would eat most of a minute's budget."""
     r = Records(cfg)
-    return [{"name": name, "rules": [alert.rule(cfg) for alert in make(cfg, r)]} for name, make in _GROUPS]
+    groups: list[dict[str, object]] = []
+    for name, make in _GROUPS:
+        found = make(cfg, r)
+        group: dict[str, object] = {"name": name}
+        if any(alert.severity == "critical" for alert in found):
+            group["interval"] = cfg.page_eval_interval
+        group["rules"] = [alert.rule(cfg) for alert in found]
+        groups.append(group)
+    return groups
 
 
 def test_file(alert: Alert, cfg: GenerateConfig, rule_files: list[str]) -> dict[str, object]:

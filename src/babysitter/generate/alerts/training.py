@@ -77,17 +77,21 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
                 (_series(R.STALLED_SECONDS, _with(_TRAIN, run="r6")), "0+0x20 60+60x40"),
                 (_series(R.STALLED_SECONDS, _with(_TRAIN, run="r6", rank="1")), "0+0x20 30+60x40"),
             ),
-            quiet=(("25m", "5 min without a step is below the 10 min minimum"), ("31m", "before for:")),
-            fire_at="32m",
+            quiet=(
+                ("23m", "3 min without a step is below the 4 min minimum"),
+                ("24m", "4 min is the minimum itself, not above it"),
+            ),
+            # 27m: r4's last samples (20m) have left the 5 m lookback, so only the stalled runs remain.
+            fire_at="27m",
             fire_labels=(_run_labels(), _run_labels("r3"), _run_labels("r6")),
             fire_text=tuple(
                 (
                     f"Run {run_name} has not finished a step for {age}.",
                     f"No rank of run {run_name} on cluster c1 finished a training step for {age}; the stall "
-                    "threshold is max(600s, 10 x the run's mean step time over 1h). The job hangs "
+                    "threshold is max(240s, 10 x the run's mean step time over 1h). The job hangs "
                     "(collective, data loader, storage) or is stopped.",
                 )
-                for run_name, age in (("r1", "12m 0s"), ("r3", "12m 0s"), ("r6", "11m 30s"))
+                for run_name, age in (("r1", "7m 0s"), ("r3", "7m 0s"), ("r6", "6m 30s"))
             ),
         ),
     )

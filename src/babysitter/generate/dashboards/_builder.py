@@ -1,8 +1,9 @@
 """A small typed builder of Grafana dashboard models as plain dicts.
 
 Why not grafanalib: its last release (0.7.1) is from January 2024 and it still emits legacy ``graph``
-panels by default; grafana-foundation-sdk targets Grafana 12 and adds a large dependency. The model
-is plain JSON, so a few dataclasses give full control, no dependency, and byte-identical output.
+panels by default; grafana-foundation-sdk ties the generator to one Grafana release's classes (the
+tests use it to validate the output instead). The model is plain JSON, so a few dataclasses give
+full control, no dependency, and byte-identical output.
 Every panel's data source is the ``${datasource}`` variable: no data source uid is ever hard-coded.
 """
 
@@ -15,9 +16,12 @@ from typing import Literal
 __all__ = [
     "DATASOURCE",
     "SCHEMA_VERSION",
+    "Annotation",
+    "Column",
     "Dashboard",
     "Panel",
     "Row",
+    "Steps",
     "Target",
     "Variable",
     "stable_uid",
@@ -30,6 +34,77 @@ DATASOURCE: dict[str, str] = {"type": "prometheus", "uid": "${datasource}"}
 
 PanelKind = Literal["timeseries", "stat", "heatmap", "table", "bargauge"]
 _GRID_WIDTH = 24
+#: Colour of a value nothing says is good or bad (Grafana's text colour): a stat without thresholds
+#: must not be green whatever its value.
+NEUTRAL = "text"
+
+
+@dataclass(frozen=True)
+class Steps:
+    """Threshold colours: ``base`` below the first step, then ``(from value, colour)`` ascending."""
+
+    base: str
+    steps: tuple[tuple[float, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        values = [value for value, _ in self.steps]
+        if values != sorted(values) or len(set(values)) != len(values):
+            raise ValueError(f"threshold steps must ascend: {values}")
+
+    def model(self) -> dict[str, object]:
+        """Grafana's ``thresholds`` object."""
+        steps: list[dict[str, object]] = [{"color": self.base, "value": None}]
+        steps += [{"color": color, "value": value} for value, color in self.steps]
+        return {"mode": "absolute", "steps": steps}
+
+
+@dataclass(frozen=True)
+class Column:
+    """Unit (and optionally colours) of one table column, by its displayed name."""
+
+    name: str
+    unit: str
+    steps: Steps | None = None
+    decimals: int | None = None
+
+    def override(self) -> dict[str, object]:
+        """A field override matching the column by name."""
+        props: list[dict[str, object]] = [{"id": "unit", "value": self.unit}]
+        if self.decimals is not None:
+            props.append({"id": "decimals", "value": self.decimals})
+        if self.steps is not None:
+            props.append({"id": "thresholds", "value": self.steps.model()})
+            props.append({"id": "custom.cellOptions", "value": {"type": "color-text"}})
+        return {"matcher": {"id": "byName", "options": self.name}, "properties": props}
+
+
+@dataclass(frozen=True)
+class Annotation:
+    """A Prometheus annotation query: every step where ``expr`` has a sample marks an event."""
+
+    name: str
+    expr: str
+    color: str
+    title: str
+    text: str = ""
+    tag_keys: tuple[str, ...] = ()
+    step: str = "1m"
+
+    def model(self) -> dict[str, object]:
+        """The annotation as Grafana stores it (the Prometheus data source's own fields)."""
+        return {
+            "datasource": dict(DATASOURCE),
+            "enable": True,
+            "expr": self.expr,
+            "hide": False,
+            "iconColor": self.color,
+            "name": self.name,
+            "step": self.step,
+            "tagKeys": ",".join(self.tag_keys),
+            "textFormat": self.text,
+            "titleFormat": self.title,
+            "useValueForTime": False,
+        }
 
 
 def stable_uid(file_name: str) -> str:
@@ -82,14 +157,31 @@ class Panel:
     bars: bool = False
     #: Value above which a stat or line turns red (alert thresholds drawn on the panel).
     red_above: float | None = None
+    #: Colours by value (a stat's value, a line's bands); without them and ``red_above`` a stat is
+    #: neutral, never green by default.
+    thresholds: Steps | None = None
     #: Column renames of a table panel built from several instant queries (``Value #A`` -> name).
     columns: tuple[tuple[str, str], ...] = ()
+    #: Units (and colours) of a table's columns, by displayed name: one unit per panel cannot fit a
+    #: table whose columns are ratios, rates, bytes/s and seconds.
+    column_formats: tuple[Column, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.targets:
             raise ValueError(f"panel {self.title!r} has no query")
         if not 1 <= self.width <= _GRID_WIDTH:
             raise ValueError(f"panel {self.title!r}: width must be 1..{_GRID_WIDTH}")
+        if self.red_above is not None and self.thresholds is not None:
+            raise ValueError(f"panel {self.title!r}: red_above or thresholds, not both")
+        shown = {name for _, name in self.columns}
+        unknown = [col.name for col in self.column_formats if col.name not in shown]
+        if unknown:
+            raise ValueError(f"panel {self.title!r}: formats for columns it does not show: {unknown}")
+
+    def _steps(self) -> Steps | None:
+        if self.red_above is not None:
+            return Steps("green", ((self.red_above, "red"),))
+        return self.thresholds
 
     def _field_defaults(self) -> dict[str, object]:
         defaults: dict[str, object] = {"unit": self.unit}
@@ -97,10 +189,8 @@ class Panel:
             defaults["min"] = self.min
         if self.max is not None:
             defaults["max"] = self.max
-        steps: list[dict[str, object]] = [{"color": "green", "value": None}]
-        if self.red_above is not None:
-            steps.append({"color": "red", "value": self.red_above})
-        defaults["thresholds"] = {"mode": "absolute", "steps": steps}
+        steps = self._steps()
+        defaults["thresholds"] = (steps or Steps(NEUTRAL)).model()
         if self.kind == "timeseries":
             custom: dict[str, object] = {
                 "drawStyle": "bars" if self.bars else "line",
@@ -109,7 +199,7 @@ class Panel:
                 "showPoints": "never",
                 "spanNulls": False,
                 "stacking": {"group": "A", "mode": "normal" if self.stack else "none"},
-                "thresholdsStyle": {"mode": "off" if self.red_above is None else "line"},
+                "thresholdsStyle": {"mode": "off" if steps is None else "line"},
             }
             defaults["custom"] = custom
             defaults["color"] = {"mode": "palette-classic"}
@@ -151,7 +241,8 @@ class Panel:
                 "cellGap": 1,
                 "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64},
                 "legend": {"show": True},
-                "tooltip": {"show": True, "yHistogram": False},
+                # Grafana 11's heatmap tooltip has a mode; ``show`` was the old panel's (ignored).
+                "tooltip": {"mode": "single", "yHistogram": False},
                 "yAxis": {"axisPlacement": "left", "unit": self.unit},
             }
         return {"cellHeight": "sm", "showHeader": True}
@@ -162,7 +253,10 @@ class Panel:
         panel: dict[str, object] = {
             "datasource": dict(DATASOURCE),
             "description": self.description,
-            "fieldConfig": {"defaults": self._field_defaults(), "overrides": []},
+            "fieldConfig": {
+                "defaults": self._field_defaults(),
+                "overrides": [column.override() for column in self.column_formats],
+            },
             "gridPos": {"h": self.height, "w": self.width, "x": x, "y": y},
             "id": panel_id,
             "options": self._options(),
@@ -235,6 +329,8 @@ class Dashboard:
     tags: tuple[str, ...] = ("babysitter",)
     refresh: str = "1m"
     time_from: str = "now-6h"
+    #: Events drawn on every time series panel (restarts, checkpoint saves, Xids, hangs).
+    annotations: tuple[Annotation, ...] = ()
 
     def panels(self) -> list[Panel]:
         """The panels without the rows."""
@@ -280,7 +376,7 @@ class Dashboard:
             "type": "datasource",
         }
         return {
-            "annotations": {"list": []},
+            "annotations": {"list": [annotation.model() for annotation in self.annotations]},
             "description": self.description,
             "editable": True,
             "graphTooltip": 1,

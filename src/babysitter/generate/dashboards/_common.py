@@ -5,17 +5,21 @@ from __future__ import annotations
 from babysitter.catalog import node as N
 from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig
-from babysitter.generate.dashboards._builder import Variable
+from babysitter.generate.dashboards._builder import Steps, Variable
 from babysitter.generate.promql import join_matchers, select
 
 __all__ = [
+    "checkpoint_age_steps",
+    "goodput_steps",
     "gpu_matchers",
     "host_matchers",
+    "mfu_steps",
     "node_variables",
     "rec",
     "run_filter",
     "run_matchers",
     "run_variables",
+    "temperature_steps",
     "var_matcher",
 ]
 
@@ -73,3 +77,28 @@ def run_filter(cfg: GenerateConfig) -> str:
 def rec(name: str, matchers: str) -> str:
     """A recording rule's series with matchers."""
     return f"{name}{{{matchers}}}" if matchers else name
+
+
+# --- colours that mean something: each from the config, next to the alert threshold it echoes ---------
+
+
+def mfu_steps(cfg: GenerateConfig) -> Steps:
+    """Red below ``mfu_poor``, amber below ``mfu_good``, green from there."""
+    return Steps("red", ((cfg.mfu_poor, "orange"), (cfg.mfu_good, "green")))
+
+
+def goodput_steps(cfg: GenerateConfig) -> Steps:
+    """Red below ``goodput_poor``, amber below ``goodput_target`` (TrainingGoodputLow), green above."""
+    return Steps("red", ((cfg.goodput_poor, "orange"), (cfg.goodput_target, "green")))
+
+
+def checkpoint_age_steps(cfg: GenerateConfig) -> Steps:
+    """Green, amber from ``checkpoint_age_warn_seconds`` (at most half the overdue cap, so a config
+    with a short cap still colours in order), red from the overdue cap."""
+    cap = cfg.checkpoint_overdue_max_seconds
+    return Steps("green", ((min(cfg.checkpoint_age_warn_seconds, cap // 2), "orange"), (cap, "red")))
+
+
+def temperature_steps(cfg: GenerateConfig) -> Steps:
+    """Green, amber from ``gpu_temperature_warm``, red from ``gpu_temperature_hot`` (Celsius)."""
+    return Steps("green", ((cfg.gpu_temperature_warm, "orange"), (cfg.gpu_temperature_hot, "red")))

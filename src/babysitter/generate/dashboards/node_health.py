@@ -7,7 +7,12 @@ from babysitter.catalog import node as N
 from babysitter.catalog import storage as S
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.dashboards._builder import Dashboard, Panel, Row, Target
-from babysitter.generate.dashboards._common import gpu_matchers, host_matchers, node_variables
+from babysitter.generate.dashboards._common import (
+    gpu_matchers,
+    host_matchers,
+    node_variables,
+    temperature_steps,
+)
 from babysitter.generate.promql import eq, new_or_increased, regex, select
 
 __all__ = ["FILE_NAME", "dashboard"]
@@ -105,10 +110,21 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             width=12,
         ),
         Panel(
-            "Temperature",
-            (Target(select(N.GPU_TEMPERATURE, g), gpu + " {{sensor}}"),),
+            "GPU temperature",
+            (Target(select(N.GPU_TEMPERATURE, g, eq("sensor", "gpu")), gpu),),
             unit="celsius",
-            width=12,
+            width=6,
+            thresholds=temperature_steps(cfg),
+            description=f"The GPU die. Amber from {cfg.gpu_temperature_warm:g} C, red from "
+            f"{cfg.gpu_temperature_hot:g} C, where datacenter GPUs start to slow down (nvidia-smi -q: "
+            "GPU Slowdown Temp).",
+        ),
+        Panel(
+            "Memory temperature",
+            (Target(select(N.GPU_TEMPERATURE, g, eq("sensor", "memory")), gpu),),
+            unit="celsius",
+            width=6,
+            description="HBM, where the GPU reports it; its limits differ from the die's (no colours).",
         ),
         Panel(
             "Power / limit",

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from babysitter.catalog import MetricSpec
 from babysitter.catalog import goodput as G
+from babysitter.catalog import node as N
 from babysitter.catalog import runtime as R
 from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig
-from babysitter.generate.dashboards._builder import Dashboard, Panel, Row, Target
-from babysitter.generate.dashboards._common import rec, run_filter, run_matchers, run_variables
-from babysitter.generate.promql import by, select
+from babysitter.generate.dashboards._builder import Annotation, Dashboard, Panel, Row, Target
+from babysitter.generate.dashboards._common import (
+    checkpoint_age_steps,
+    goodput_steps,
+    mfu_steps,
+    rec,
+    run_filter,
+    run_matchers,
+    run_variables,
+    var_matcher,
+)
+from babysitter.generate.promql import by, join_matchers, new_or_increased, select
 from babysitter.generate.rules import Records
 
 __all__ = ["FILE_NAME", "dashboard"]
@@ -36,7 +46,9 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             unit="percentunit",
             width=4,
             height=5,
-            description="Model FLOP/s of all ranks over their summed dense peak, over the last "
+            thresholds=mfu_steps(cfg),
+            description=f"Red below {cfg.mfu_poor:.0%}, green from {cfg.mfu_good:.0%}. "
+            "Model FLOP/s of all ranks over their summed dense peak, over the last "
             f"{cfg.rate_window} (recording rule {r.mfu}). Each rank counts its share of its data-parallel "
             "replica's FLOPs (1/(tp x pp x cp)), so the sum is the job's FLOPs under any parallel layout.",
         ),
@@ -47,7 +59,10 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             unit="percentunit",
             width=4,
             height=5,
-            description="Productive step time over wall time since the run first started (ledger).",
+            thresholds=goodput_steps(cfg),
+            description="Productive step time over wall time since the run first started (ledger). "
+            f"Red below {cfg.goodput_poor:.0%}, amber below the {cfg.goodput_target:.0%} target of "
+            "TrainingGoodputLow.",
         ),
         Panel(
             "Tokens / s",
@@ -74,7 +89,10 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             unit="s",
             width=4,
             height=5,
-            description="Seconds since the last successful checkpoint save; a crash loses this much.",
+            thresholds=checkpoint_age_steps(cfg),
+            description="Seconds since the last successful checkpoint save; a crash loses this much. "
+            f"Amber from {cfg.checkpoint_age_warn_seconds}s, red from {cfg.checkpoint_overdue_max_seconds}s "
+            "(where CheckpointOverdue fires at the latest).",
         ),
         Panel(
             "Restarts",
@@ -94,6 +112,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             ),
             unit="percentunit",
             min=0,
+            thresholds=mfu_steps(cfg),
             description="MFU from the FLOP counters (any window, all ranks) and "
             "the tracker's own sliding-window MFU; HFU counts activation recomputation.",
         ),
@@ -103,6 +122,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             unit="percentunit",
             min=0,
             max=1,
+            thresholds=goodput_steps(cfg),
             description="Goodput since the run first started, continued across restarts.",
         ),
         Panel(
@@ -221,6 +241,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             unit="s",
             min=0,
             width=8,
+            thresholds=checkpoint_age_steps(cfg),
         ),
         Panel(
             "Checkpoint throughput and failures",
@@ -303,6 +324,65 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
         "restarts of training runs.",
         variables=run_variables(cfg),
         items=tuple(items),
+        annotations=_annotations(cfg, r),
+    )
+
+
+#: Step and window of the annotation queries: each event is marked once per step it falls in.
+_EVENT_STEP = "1m"
+
+
+def _annotations(cfg: GenerateConfig, r: Records) -> tuple[Annotation, ...]:
+    """Restarts, checkpoint saves, Xids on the run's hosts and hangs, drawn on every time series panel.
+
+    Each counter or timestamp is read with :func:`new_or_increased`, so the first event of a series
+    (a new incarnation's first save, a GPU's first Xid) is marked too, not only the later ones."""
+    m, f, c = run_matchers(cfg), run_filter(cfg), cfg.cluster_label
+    run = by(r.run_key)
+    w = _EVENT_STEP
+
+    def grew(selector: str) -> str:
+        return new_or_increased(selector, w)
+
+    xids = select(N.GPU_XID_ERRORS, join_matchers(cfg.node_selector, var_matcher(c, "cluster")))
+    run_hosts = f"max by ({c}, instance) ({select(T.STEPS, m)})"
+    return (
+        Annotation(
+            "Restarts",
+            f"max {run} ({grew(rec(r.restarts_total, f))})",
+            "red",
+            "Restart of {{run}}",
+            "A new incarnation of run {{run}} started (restart counter of the ledger).",
+            ("run",),
+            w,
+        ),
+        Annotation(
+            "Checkpoint saves",
+            f"max {run} ({grew(select(T.CKPT_LAST_SUCCESS, m))})",
+            "green",
+            "Checkpoint saved",
+            "Run {{run}} saved a checkpoint successfully.",
+            ("run",),
+            w,
+        ),
+        Annotation(
+            "Xid errors",
+            f"max by ({c}, instance, gpu, xid, action) ({grew(xids)})\nand on ({c}, instance)\n{run_hosts}",
+            "orange",
+            "Xid {{xid}} on GPU {{gpu}}",
+            "Host {{instance}}, recovery action {{action}} (a host this run trains on).",
+            ("instance", "gpu", "xid", "action"),
+            w,
+        ),
+        Annotation(
+            "Hangs",
+            f"max {run} ({grew(select(R.HANGS, m))})",
+            "purple",
+            "Hang of {{run}}",
+            "The in-process watchdog saw no step for longer than its hang threshold.",
+            ("run",),
+            w,
+        ),
     )
 
 

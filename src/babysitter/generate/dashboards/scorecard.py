@@ -9,8 +9,8 @@ series: over 30 days at 16,384 GPUs those would be billions of samples.
 from __future__ import annotations
 
 from babysitter.generate.config import GenerateConfig, parse_duration
-from babysitter.generate.dashboards._builder import Dashboard, Panel, Row, Target, Variable
-from babysitter.generate.dashboards._common import rec, var_matcher
+from babysitter.generate.dashboards._builder import Column, Dashboard, Panel, Row, Steps, Target, Variable
+from babysitter.generate.dashboards._common import goodput_steps, mfu_steps, rec, var_matcher
 from babysitter.generate.promql import by
 from babysitter.generate.rules import Records
 
@@ -60,7 +60,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
         ("Value #C", "goodput"),
         ("Value #D", "interruptions / 1000 rank-h"),
         ("Value #E", "ckpt save B/s per rank"),
-        ("Value #F", "storage probe p99 (s)"),
+        ("Value #F", "storage probe p99"),
         (c, "cluster"),
     )
     items: list[Panel | Row] = [
@@ -79,6 +79,18 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             width=24,
             height=8,
             columns=columns,
+            column_formats=(
+                Column("MFU p50 of runs", "percentunit", mfu_steps(cfg)),
+                Column("MFU p10 of runs", "percentunit", mfu_steps(cfg)),
+                Column("goodput", "percentunit", goodput_steps(cfg)),
+                Column("interruptions / 1000 rank-h", "short", decimals=2),
+                Column("ckpt save B/s per rank", "Bps"),
+                Column(
+                    "storage probe p99",
+                    "s",
+                    Steps("green", ((cfg.storage_probe_slow_seconds, "red"),)),
+                ),
+            ),
             description="One row per cluster. MFU: each run's median over the range, then p50 and p10 over "
             "runs. Interruptions: restarts per 1000 rank-hours (a rank is about one GPU).",
         ),
@@ -93,6 +105,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             unit="percentunit",
             min=0,
             width=12,
+            thresholds=mfu_steps(cfg),
         ),
         Panel(
             "Goodput",
@@ -102,6 +115,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             min=0,
             max=1,
             width=12,
+            thresholds=goodput_steps(cfg),
             description="Productive time over wall time of all runs in the range.",
         ),
         Row("Reliability"),
