@@ -44,7 +44,8 @@ class GenerateConfig:
     node_selector: str = ""
     #: ``up`` series of training processes scraped directly (not through the node agent).
     tracker_up_selector: str = 'job=~"babysitter-train.*"'
-    #: ``up`` series of node agent targets (one per host): the jobs of exporters/prometheus-scrape.yml.
+    #: ``up`` series of node agent targets (one per host): the jobs of exporters/prometheus-scrape.yml,
+    #: prometheus-slurm.yml and prometheus-kubernetes.yml.
     node_up_selector: str = 'job=~"babysitter-node.*"'
     #: Where each alert's runbook lives; ``{alert}`` becomes the alert name. The default is the path in
     #: this repository; point it at where your team reads docs (``babysitter generate
