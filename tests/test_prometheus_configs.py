@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import re
 import shutil
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +205,30 @@ def test_node_jobs_are_the_ones_the_rules_watch(name: str) -> None:
     for job in jobs:
         assert re.fullmatch(match.group(1), job["job_name"]), job["job_name"]
         assert job["honor_labels"] is True
+
+
+@pytest.mark.prometheus
+def test_slurm_example_discovers_hosts_from_file_sd(tmp_path: Path) -> None:
+    """A real Prometheus running the Slurm example's job reads the file_sd JSON that slurm.md's
+    script writes and labels each target with its Slurm node name."""
+    from promkit import PrometheusServer
+
+    (job,) = _load(EXPORTERS / "prometheus-slurm.yml")["scrape_configs"]
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    # What the script in slurm.md writes for two nodes (nobody listens there: discovery is the point).
+    entries = [{"targets": ["127.0.0.1:9", "localhost:9"], "labels": {"cluster": "provider-a"}}]
+    (nodes / "slurm.json").write_text(json.dumps(entries))
+    job["file_sd_configs"][0]["files"] = [str(nodes / "*.json")]
+    with PrometheusServer(tmp_path, extra_scrape_configs=[job]) as prom:
+        deadline = time.monotonic() + 20
+        found: dict[str, dict[str, str]] = {}
+        while time.monotonic() < deadline and len(found) < 2:
+            with urllib.request.urlopen(f"{prom.url}/api/v1/targets", timeout=5) as response:  # noqa: S310
+                active = json.loads(response.read())["data"]["activeTargets"]
+            found = {
+                t["labels"]["node"]: t["labels"] for t in active if t["labels"]["job"] == job["job_name"]
+            }
+            time.sleep(0.2)
+    assert set(found) == {"127.0.0.1", "localhost"}
+    assert all(labels["cluster"] == "provider-a" for labels in found.values())
