@@ -301,3 +301,19 @@ def test_runbook_base_url_from_the_command_line(tmp_path: Path) -> None:
     assert all(url == f"{base}/{name}.md" for name, url in urls.items())
     assert main(["generate", "--out", str(tmp_path), "--check", "--runbook-base-url", base]) == 0
     assert main(["generate", "--out", str(tmp_path), "--runbook-base-url", "docs/runbooks"]) == 2
+
+
+def test_generate_says_when_runbook_links_are_unconfigured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writing with the reserved default base (no --runbook-base-url, no [project.urls]) warns once on
+    stderr; a configured base writes silently."""
+    import babysitter.cli.generate as cli_generate
+
+    monkeypatch.setattr(cli_generate, "_project_urls", dict)
+    assert main(["generate", "--out", str(tmp_path)]) == 0
+    assert "never resolves" in capsys.readouterr().err
+    assert (
+        main(["generate", "--out", str(tmp_path), "--runbook-base-url", "https://docs.example.org/rb"]) == 0
+    )
+    assert "never resolves" not in capsys.readouterr().err

@@ -12,11 +12,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from babysitter._version import __version__
 from gen_helpers import REPO
 
+tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
