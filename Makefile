@@ -6,10 +6,24 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# The CPU build of torch; pinned so pip never resolves an open range to a multi-GB CUDA build.
+# torch is pinned and installed before the project. On PyPI the Linux x86_64 wheel of torch==2.13.0 is
+# the CUDA build (about 2.5 GiB with its CUDA wheels); for the CPU build (183 MiB) add PyTorch's index:
+#   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
+TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 
-.PHONY: env system-packages test lint typecheck generate-check pytest demo clean gpu-check
+.PHONY: env demo-env demo-packages system-packages test lint typecheck generate-check pytest demo clean gpu-check
+
+# The demo needs Prometheus and Alertmanager only; the tests also start a Slurm cluster.
+demo-packages:
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
+	    || ! command -v prometheus-alertmanager >/dev/null; then \
+	  echo "==> installing Prometheus, promtool and Alertmanager from the OS packages"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus prometheus-alertmanager >/dev/null; \
+	fi
 
 system-packages:
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
@@ -26,8 +40,18 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 env: $(BIN)/python
-	$(BIN)/pip install -q "$(TORCH)"
+	@echo "==> installing $(TORCH) $(TORCH_FROM)"
+	$(BIN)/pip install -q $(TORCH_FROM) "$(TORCH)"
+	@echo "==> installing babysitter and the test extra (pytest, mypy, ruff, transformers, lightning, OpenTelemetry)"
 	$(BIN)/pip install -q -e ".[test]"
+
+# What the demo runs and nothing else: torch (the tiny GPT) and the demo extra (rich, matplotlib).
+# pip prints its progress: the torch download is the long step on a fresh machine.
+demo-env: $(BIN)/python
+	@echo "==> installing $(TORCH) $(TORCH_FROM) for the demo's training run"
+	$(BIN)/pip install --progress-bar on $(TORCH_FROM) "$(TORCH)"
+	@echo "==> installing babysitter with the demo extra (rich, matplotlib)"
+	$(BIN)/pip install --progress-bar on -e ".[demo]"
 
 lint: env
 	$(BIN)/ruff check .
@@ -44,7 +68,8 @@ pytest: env system-packages
 
 test: lint typecheck generate-check pytest
 
-demo: env system-packages
+demo: demo-env demo-packages
+	@echo "==> babysitter demo (about 3 minutes)"
 	$(BIN)/babysitter demo
 
 clean:

@@ -39,8 +39,10 @@ class TestAlertMetadata:
         annotations = rule["annotations"]
         assert set(annotations) == {"summary", "description", "runbook_url"}
         assert "{{ $value" in annotations["description"] or "{{ $labels." in annotations["description"]
-        assert annotations["runbook_url"].endswith(f"docs/runbooks/{rule['alert']}.md")
-        assert (REPO / annotations["runbook_url"]).is_file()  # the default pattern is the repo path
+        # Absolute (clickable in a page), ending in the committed page's path under the base URL.
+        url = annotations["runbook_url"]
+        assert url.startswith("https://") and url.endswith(f"/docs/runbooks/{rule['alert']}.md")
+        assert (REPO / "docs/runbooks" / f"{rule['alert']}.md").is_file()
 
     def test_every_alert_has_a_firing_and_a_quiet_case(self) -> None:
         """The promtool test of each alert expects it firing once and silent at least once."""

@@ -158,6 +158,8 @@ class TestConfig:
             ("mfu_drop_fraction", 1.5, "between 0 and 1"),
             ("straggler_ratio", 0.9, "above 1"),
             ("runbook_url_pattern", "https://x/runbooks.md", "{alert}"),
+            ("runbook_base_url", "docs/runbooks", "absolute http(s) URL"),
+            ("runbook_base_url", "file:///srv/runbooks", "absolute http(s) URL"),
             ("xid_ignore_actions", ("reboot",), "paged and ignored"),
         ],
     )
@@ -243,3 +245,75 @@ def test_runbook_url_pattern_from_the_command_line(tmp_path: Path) -> None:
         main(["generate", "--out", str(tmp_path), "--runbook-url-pattern", "https://docs.example.org/rb"])
         == 2
     )
+
+
+def test_runbook_links_are_absolute() -> None:
+    """Every generated runbook_url is an absolute link (a relative path is not clickable in a page):
+    the base joined to the pattern, or an absolute pattern as it is."""
+    cfg = GenerateConfig(runbook_base_url="https://git.example.org/ml/babysitter/blob/main/docs/runbooks/")
+    assert (
+        cfg.runbook_url("GpuDown")
+        == "https://git.example.org/ml/babysitter/blob/main/docs/runbooks/GpuDown.md"
+    )
+    pattern = GenerateConfig(runbook_url_pattern="https://wiki.example.org/{alert}")
+    assert pattern.runbook_url("GpuDown") == "https://wiki.example.org/GpuDown"
+    for text in (
+        render(GenerateConfig())["alerts/babysitter-alerts.yaml"],
+        render(fast())["alerts/babysitter-alerts.yaml"],
+    ):
+        groups = yaml.safe_load(text)["groups"]
+        urls = [r["annotations"]["runbook_url"] for g in groups for r in g["rules"] if "alert" in r]
+        assert urls and all(re.fullmatch(r"https://[^/\s]+/\S+\.md", url) for url in urls), urls
+
+
+@pytest.mark.parametrize(
+    ("urls", "base"),
+    [
+        (
+            {"repository": "https://github.com/acme/babysitter"},
+            "https://github.com/acme/babysitter/blob/main/docs/runbooks",
+        ),
+        (
+            {"source": "https://git.example.org/ml/babysitter.git/"},
+            "https://git.example.org/ml/babysitter/blob/main/docs/runbooks",
+        ),
+        (
+            {"runbooks": "https://wiki.example.org/rb/", "repository": "https://x.org/r"},
+            "https://wiki.example.org/rb",
+        ),
+        ({"homepage": "https://babysitter.example.org"}, None),
+    ],
+)
+def test_runbook_base_from_the_project_urls(urls: dict[str, str], base: str | None) -> None:
+    """The default base comes from pyproject's [project.urls]: Runbooks as it is, else the repository's
+    docs/runbooks as its forge shows it; a homepage alone says nothing about where the pages are."""
+    from babysitter.cli.generate import runbook_base_from_urls
+
+    assert runbook_base_from_urls(urls) == base
+
+
+def test_runbook_base_url_from_the_command_line(tmp_path: Path) -> None:
+    """--runbook-base-url puts the team's docs into every link; a relative base is refused with exit 2."""
+    base = "https://git.example.org/ml/babysitter/-/blob/v1/docs/runbooks"
+    assert main(["generate", "--out", str(tmp_path), "--runbook-base-url", base]) == 0
+    groups = yaml.safe_load((tmp_path / "alerts" / "babysitter-alerts.yaml").read_text())["groups"]
+    urls = {r["alert"]: r["annotations"]["runbook_url"] for g in groups for r in g["rules"]}
+    assert all(url == f"{base}/{name}.md" for name, url in urls.items())
+    assert main(["generate", "--out", str(tmp_path), "--check", "--runbook-base-url", base]) == 0
+    assert main(["generate", "--out", str(tmp_path), "--runbook-base-url", "docs/runbooks"]) == 2
+
+
+def test_generate_says_when_runbook_links_are_unconfigured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writing with the reserved default base (no --runbook-base-url, no [project.urls]) warns once on
+    stderr; a configured base writes silently."""
+    import babysitter.cli.generate as cli_generate
+
+    monkeypatch.setattr(cli_generate, "_project_urls", dict)
+    assert main(["generate", "--out", str(tmp_path)]) == 0
+    assert "never resolves" in capsys.readouterr().err
+    assert (
+        main(["generate", "--out", str(tmp_path), "--runbook-base-url", "https://docs.example.org/rb"]) == 0
+    )
+    assert "never resolves" not in capsys.readouterr().err

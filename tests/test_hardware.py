@@ -31,6 +31,10 @@ REAL_NAMES: list[tuple[str, str | None]] = [
     ("NVIDIA A10", "A10"),
     ("NVIDIA B200", "B200"),
     ("NVIDIA GB200", "GB200"),  # must not match B200
+    ("NVIDIA B300 SXM6 AC", "B300"),  # nvidia-smi on HGX B300 (public logs and RunPod's GPU list)
+    ("NVIDIA GB300", "GB300"),  # must not match B300
+    ("AMD Instinct MI355X", "MI355X"),  # rocm-smi product name
+    ("AMD Instinct MI350X", "MI350X"),
     ("AMD Instinct MI300X", "MI300X"),
     ("AMD Instinct MI300X OAM", "MI300X"),  # rocm-smi product name pattern
     ("AMD Instinct MI250X", "MI250X"),
@@ -89,6 +93,7 @@ class TestTable:
         required = {
             "A100 SXM", "A100 PCIe", "H100 SXM", "H100 PCIe", "H100 NVL", "H200 SXM", "H200 NVL",
             "B200", "GB200", "L4", "L40S", "A10", "A10G", "MI250X", "MI300X", "MI325X",
+            "B300", "GB300", "MI350X", "MI355X",
             "TPU v4", "TPU v5e", "TPU v5p", "TPU v6e",
         }  # fmt: skip
         assert required <= rows
@@ -130,6 +135,18 @@ class TestTable:
             ("NVIDIA GB200", "bf16", 2500),
             ("AMD Instinct MI250X", "bf16", 191.5),
             ("AMD Instinct MI300X", "bf16", 1307.4),
+            # Blackwell Ultra: HGX B300 36 PF bf16 sparse / 8 / 2; GB300 NVL72 720 PF fp8 sparse / 72 / 2.
+            ("NVIDIA B300 SXM6 AC", "bf16", 2250),
+            ("NVIDIA B300 SXM6 AC", "fp8", 4500),
+            ("NVIDIA B300 SXM6 AC", "tf32", 1125),
+            ("NVIDIA GB300", "bf16", 2500),
+            ("NVIDIA GB300", "fp8", 5000),
+            # CDNA 4: 256 CUs x 4,096 (bf16) / 8,192 (fp8) / 256 (fp32) FLOPs per clock x 2.4 / 2.2 GHz.
+            ("AMD Instinct MI355X", "bf16", 2516.5824),
+            ("AMD Instinct MI355X", "fp8", 5033.1648),
+            ("AMD Instinct MI355X", "fp32", 157.2864),
+            ("AMD Instinct MI350X", "bf16", 2306.8672),
+            ("AMD Instinct MI350X", "fp8", 4613.7344),
             ("TPU v5 lite", "bf16", 197),
             ("TPU v5", "bf16", 459),
             ("TPU v6 lite", "bf16", 918),
@@ -140,6 +157,32 @@ class TestTable:
         entry = hw.lookup_peak(name, dtype)
         assert entry is not None
         assert entry.flops_per_second == pytest.approx(tflops * 1e12)
+
+    @pytest.mark.parametrize(
+        ("device", "dtype", "rounded_tflops", "digits"),
+        [
+            # AMD's product page rounds: MI355X 2.5 PF fp16/bf16, 5 PF fp8 (10.1 sparse), 157.3 TF fp32
+            # matrix; MI350X 2.3 PF, 4.6 PF, 144.2 TF. The rows' exact products must round to them.
+            ("MI355X", "bf16", 2500, -2),
+            ("MI355X", "fp8", 5000, -3),
+            ("MI355X", "fp32", 157.3, 1),
+            ("MI350X", "bf16", 2300, -2),
+            ("MI350X", "fp8", 4600, -2),
+            ("MI350X", "fp32", 144.2, 1),
+        ],
+    )
+    def test_cdna4_rows_round_to_amds_figures(
+        self, device: str, dtype: str, rounded_tflops: float, digits: int
+    ) -> None:
+        """The exact CDNA 4 figures (CUs x FLOPs per clock x clock) agree with what AMD prints."""
+        assert round(hw.PEAK_TABLE[device].peaks[dtype] / 1e12, digits) == rounded_tflops
+
+    @pytest.mark.parametrize(("device", "dtype"), [("B300", "int8"), ("GB300", "int8"), ("MI355X", "tf32")])
+    def test_unsourced_dtypes_of_the_new_rows_are_absent(self, device: str, dtype: str) -> None:
+        """Blackwell Ultra's int8 (cut, and the published figures disagree) and CDNA 4's tf32 (none
+        listed) give no peak rather than a borrowed one."""
+        assert dtype not in hw.PEAK_TABLE[device].peaks
+        assert hw.lookup_peak(device, dtype) is None
 
 
 class TestLookup:

@@ -17,8 +17,46 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert ci[-1] == "exec make test"
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r"^test: .*pytest", makefile, flags=re.MULTILINE)
-    assert re.search(r"^demo: .*\n\t\$\(BIN\)/babysitter demo$", makefile, flags=re.MULTILINE)
+    assert re.search(r"^demo: .*\n(\t@echo .*\n)?\t\$\(BIN\)/babysitter demo$", makefile, flags=re.MULTILINE)
     # torch is pinned and installed before the project, so pip never resolves a CUDA build.
     env = makefile[makefile.index("env:") :]
     assert env.index('"$(TORCH)"') < env.index('-e ".[test]"')
     assert "TORCH ?= torch==2.13.0" in makefile
+
+
+def _recipe(makefile: str, target: str) -> tuple[list[str], list[str]]:
+    """The prerequisites and recipe lines of ``target``."""
+    match = re.search(rf"^{target}:(.*)\n((?:\t.*\n?)*)", makefile, flags=re.MULTILINE)
+    assert match, target
+    return match.group(1).split(), [line.strip() for line in match.group(2).splitlines()]
+
+
+def test_make_demo_installs_only_what_the_demo_needs() -> None:
+    """`make demo` installs torch and the demo extra (not the test extra: mypy, ruff, transformers,
+    lightning, OpenTelemetry), with pip's progress shown and each long step announced; the demo extra
+    holds what the demo imports; `make test` still builds the full test environment."""
+    makefile = (REPO / "Makefile").read_text()
+    prereqs, _ = _recipe(makefile, "demo")
+    assert "env" not in prereqs and "demo-env" in prereqs
+    _, recipe = _recipe(makefile, "demo-env")
+    pips = [line for line in recipe if "pip install" in line]
+    assert pips and all(" -q" not in line for line in pips)
+    assert '"$(TORCH)"' in pips[0] and pips[-1].endswith('-e ".[demo]"')
+    assert all(recipe[i - 1].startswith("@echo") for i, line in enumerate(recipe) if "pip install" in line)
+    pyproject = (REPO / "pyproject.toml").read_text()
+    demo_extra = re.search(r"^demo = \[(.*)\]$", pyproject, flags=re.MULTILINE)
+    assert demo_extra and {"rich", "matplotlib"} <= set(re.findall(r'"(\w+)', demo_extra.group(1)))
+    test_prereqs, _ = _recipe(makefile, "pytest")
+    assert "env" in test_prereqs
+
+
+def test_readme_says_where_torch_comes_from() -> None:
+    """The README says that a plain `torch==2.13.0` is the CUDA build on PyPI and gives the CPU line,
+    which the Makefile accepts as TORCH_INDEX."""
+    readme = (REPO / "README.md").read_text()
+    cpu_index = "https://download.pytorch.org/whl/cpu"
+    assert f"pip install torch==2.13.0 --index-url {cpu_index}" in readme
+    assert f"make demo TORCH_INDEX={cpu_index}" in readme
+    assert "CUDA build" in readme
+    makefile = (REPO / "Makefile").read_text()
+    assert "TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)" in makefile

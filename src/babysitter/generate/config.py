@@ -10,8 +10,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
+from urllib.parse import urlsplit
 
-__all__ = ["PROFILES", "GenerateConfig", "fast", "parse_duration", "profile"]
+__all__ = ["DEFAULT_RUNBOOK_BASE_URL", "PROFILES", "GenerateConfig", "fast", "parse_duration", "profile"]
+
+#: The runbook base when none is configured: ``.invalid`` is reserved (RFC 6761) and never resolves,
+#: unlike a made-up organisation on a public forge, which anyone could register and fill.
+DEFAULT_RUNBOOK_BASE_URL = "https://babysitter-runbooks.invalid/docs/runbooks"
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -44,12 +49,19 @@ class GenerateConfig:
     node_selector: str = ""
     #: ``up`` series of training processes scraped directly (not through the node agent).
     tracker_up_selector: str = 'job=~"babysitter-train.*"'
-    #: ``up`` series of node agent targets (one per host): the jobs of exporters/prometheus-scrape.yml.
+    #: ``up`` series of node agent targets (one per host): the jobs of exporters/prometheus-scrape.yml,
+    #: prometheus-slurm.yml and prometheus-kubernetes.yml.
     node_up_selector: str = 'job=~"babysitter-node.*"'
-    #: Where each alert's runbook lives; ``{alert}`` becomes the alert name. The default is the path in
-    #: this repository; point it at where your team reads docs (``babysitter generate
+    #: Absolute URL of the runbook directory (docs/runbooks/ as a browser shows it): a page links to
+    #: ``<base>/<Alert>.md``. ``babysitter generate`` derives it from the repository URL in
+    #: pyproject.toml's ``[project.urls]`` or takes ``--runbook-base-url``; without either it is
+    #: ``DEFAULT_RUNBOOK_BASE_URL``, a reserved name that never resolves, so an unconfigured link is
+    #: visibly unconfigured instead of pointing at somebody else's site.
+    runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL
+    #: Each alert's runbook link; ``{alert}`` becomes the alert name. A relative pattern is joined to
+    #: ``runbook_base_url``; an absolute one is used as it is (``babysitter generate
     #: --runbook-url-pattern https://git.example.org/ml/babysitter/-/blob/main/docs/runbooks/{alert}.md``).
-    runbook_url_pattern: str = "docs/runbooks/{alert}.md"
+    runbook_url_pattern: str = "{alert}.md"
 
     # --- evaluation ------------------------------------------------------------------------------
     #: Evaluation interval (group ``interval``) of every rule group with a paging (critical) alert, so
@@ -257,6 +269,11 @@ class GenerateConfig:
             raise ValueError("straggler_ratio must be above 1")
         if "{alert}" not in self.runbook_url_pattern:
             raise ValueError("runbook_url_pattern must contain {alert}")
+        if not _is_web_url(self.runbook_base_url):
+            raise ValueError(
+                "runbook_base_url must be an absolute http(s) URL (a page links to it): "
+                f"{self.runbook_base_url!r}"
+            )
         overlap = set(self.xid_page_actions) & set(self.xid_ignore_actions)
         if overlap:
             raise ValueError(f"Xid actions both paged and ignored: {sorted(overlap)}")
@@ -266,8 +283,16 @@ class GenerateConfig:
             raise ValueError("throttle_reasons and xid_page_actions must not be empty")
 
     def runbook_url(self, alert: str) -> str:
-        """The runbook link of ``alert``."""
-        return self.runbook_url_pattern.replace("{alert}", alert)
+        """The absolute runbook link of ``alert`` (a relative link is not clickable in a page)."""
+        link = self.runbook_url_pattern.replace("{alert}", alert)
+        if _is_web_url(link):
+            return link
+        return self.runbook_base_url.rstrip("/") + "/" + link.lstrip("/")
+
+
+def _is_web_url(text: str) -> bool:
+    parts = urlsplit(text)
+    return parts.scheme in ("http", "https") and bool(parts.netloc) and not any(c.isspace() for c in text)
 
 
 def fast(base: GenerateConfig | None = None) -> GenerateConfig:

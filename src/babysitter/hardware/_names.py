@@ -35,6 +35,10 @@ def _has_prefix(tokens: list[str], prefix: str) -> bool:
 
 
 def _nvidia(tok: list[str], s: set[str]) -> DeviceMatch | None:
+    if "gb300" in s:
+        return DeviceMatch("GB300")
+    if "b300" in s:  # "NVIDIA B300 SXM6 AC"
+        return DeviceMatch("B300")
     if "gb200" in s:
         return DeviceMatch("GB200")
     if "b200" in s:
@@ -79,6 +83,10 @@ def _nvidia(tok: list[str], s: set[str]) -> DeviceMatch | None:
 
 
 def _amd(s: set[str]) -> DeviceMatch | None:
+    if "mi355x" in s:
+        return DeviceMatch("MI355X")
+    if "mi350x" in s:
+        return DeviceMatch("MI350X")
     if "mi325x" in s:
         return DeviceMatch("MI325X")
     if "mi300x" in s:

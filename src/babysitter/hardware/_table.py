@@ -61,6 +61,31 @@ _NV_GB200 = (
     "NVIDIA GB200 NVL72 specifications (nvidia.com/en-us/data-center/gb200-nvl72/): 72-GPU figures / 72,"
     " sparse / 2; torchtitan's table: bf16 2.5 PF"
 )
+# Blackwell Ultra. NVIDIA prints system figures with sparsity; per GPU dense = / GPUs / 2. INT8 is left
+# out: Blackwell Ultra cut it (HGX B300: 2 POPS sparse for 8 GPUs, against 72 for HGX B200) and the
+# published per-GPU figures disagree, so a lookup says "no int8 peak" rather than pick one.
+_NV_B300 = (
+    "NVIDIA HGX B300 specifications (nvidia.com/en-us/data-center/hgx/; the table as reproduced at "
+    "fibermall.com/blog/?p=17161): FP16/BF16 36 PF, FP8 72 PF, TF32 18 PF sparse and FP32 600 TF for "
+    "8 GPUs, / 8, sparse / 2; per-GPU dense figures agree in verda.com/blog/gb300-nvl72-architecture "
+    "and glennklockwood.com/garden/processors/B300"
+)
+_NV_GB300 = (
+    "NVIDIA GB300 NVL72 specifications (nvidia.com/en-us/data-center/gb300-nvl72/): FP8/FP6 720 PF sparse "
+    "for 72 GPUs (as summarised at vendordeep.com/report/nvidia-launches-blackwell-ultra-gb300), / 72, "
+    "sparse / 2; per-GPU dense table (bf16 2.5 PF, tf32 1.25 PF, fp32 80 TF) in "
+    "verda.com/blog/gb300-nvl72-architecture"
+)
+# CDNA 4 (gfx950): 256 CUs, 4,096 dense FP16/BF16 and 8,192 FP8 FLOPs per CU per clock (twice CDNA 3's,
+# AMD at ISSCC 2026: world-today-news.com/?p=7253162), 256 FP32 matrix FLOPs; at the peak engine clock
+# (MI355X 2.4 GHz, MI350X 2.2 GHz) this gives AMD's rounded 2.5 / 2.3 PF bf16 and 5.0 / 4.6 PF fp8.
+# No tf32 entry: AMD lists no TF32 matrix rate for CDNA 4. No int8 entry: not checked against a source.
+_AMD_MI350 = (
+    "AMD Instinct MI350 series specifications (amd.com/en/products/accelerators/instinct/mi350.html), "
+    "dense; exact figures from 256 CUs x FLOPs per CU per clock x peak clock (2.4 GHz MI355X, 2.2 GHz "
+    "MI350X, wccftech.com Hot Chips 2025 report); MI355X bf16 2.52 PF dense, 5.03 PF sparse as in "
+    "gangliao.me/blog/2026/amd-gpu-architecture-deep-dive"
+)
 _NV_L4 = "NVIDIA L4 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/l4/), dense = half of starred"
 _NV_A10 = "NVIDIA A10 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/products/a10-gpu/), dense"
 # NVIDIA publishes no A10G datasheet (an AWS-only part). Lightning and Composer reuse the A10's 125 TF,
@@ -167,6 +192,24 @@ PEAK_TABLE: Mapping[str, PeakRow] = MappingProxyType(
                 int8=5 * P,
             ),
             _row(
+                "B300",
+                _NV_B300,
+                fp32=75 * T,
+                tf32=1.125 * P,
+                bf16=2.25 * P,
+                fp16=2.25 * P,
+                fp8=4.5 * P,
+            ),
+            _row(
+                "GB300",
+                _NV_GB300,
+                fp32=80 * T,
+                tf32=1.25 * P,
+                bf16=2.5 * P,
+                fp16=2.5 * P,
+                fp8=5 * P,
+            ),
+            _row(
                 "L4",
                 _NV_L4,
                 fp32=30.3 * T,
@@ -253,6 +296,22 @@ PEAK_TABLE: Mapping[str, PeakRow] = MappingProxyType(
                 fp16=1307.4 * T,
                 fp8=2614.9 * T,
                 int8=2614.9 * T,
+            ),
+            _row(
+                "MI350X",
+                _AMD_MI350,
+                fp32=256 * 256 * 2.2e9,
+                bf16=256 * 4096 * 2.2e9,
+                fp16=256 * 4096 * 2.2e9,
+                fp8=256 * 8192 * 2.2e9,
+            ),
+            _row(
+                "MI355X",
+                _AMD_MI350,
+                fp32=256 * 256 * 2.4e9,
+                bf16=256 * 4096 * 2.4e9,
+                fp16=256 * 4096 * 2.4e9,
+                fp8=256 * 8192 * 2.4e9,
             ),
             _row("TPU v4", _TPU.format(v="v4"), bf16=275 * T, int8=275 * T),
             _row("TPU v5e", _TPU.format(v="v5e"), bf16=197 * T, int8=394 * T),
