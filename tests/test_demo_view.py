@@ -21,9 +21,9 @@ FRAME = Frame(
 )
 
 
-def _page(status: str) -> Page:
+def _page(status: str, receiver: str = "pager") -> Page:
     labels = {"alertname": "GpuDown", "severity": "critical", "gpu": "3", "instance": "127.0.0.1:9946"}
-    return Page(time.time(), status, "GpuDown", "critical", labels, "GPU 3 does not answer.")
+    return Page(time.time(), status, "GpuDown", "critical", labels, "GPU 3 does not answer.", receiver)
 
 
 def test_piped_output_is_lines_with_a_status_now_and_then() -> None:
@@ -35,13 +35,18 @@ def test_piped_output_is_lines_with_a_status_now_and_then() -> None:
     view.event(DemoEvent(40, "xid79", gpu=3))
     view.page(_page("firing"))
     view.page(_page("resolved"))
+    view.page(_page("firing", "chat"))
+    view.page(_page("resolved", "chat"))
     view.update(FRAME, None)
     view.update(FRAME, None)  # within status_every: no second status
     view.stop()
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("[+ 42.0s] FAULT Xid 79 on GPU 3: fallen off the bus")
     assert "PAGE critical GpuDown instance=127.0.0.1:9946 gpu=3: GPU 3 does not answer." in lines[1]
-    assert "RESOLVED GpuDown instance=127.0.0.1:9946 gpu=3" in lines[2]
+    assert lines[2].endswith("RESOLVED GpuDown instance=127.0.0.1:9946 gpu=3")
+    # Each line says which receiver of the routing it went to: PAGE for the pager, else its name.
+    assert "CHAT critical GpuDown instance=127.0.0.1:9946 gpu=3: GPU 3 does not answer." in lines[3]
+    assert lines[4].endswith("RESOLVED GpuDown instance=127.0.0.1:9946 gpu=3 (to chat)")
     assert sum("run demo: step 120, MFU 5.0%, goodput 80.0%" in line for line in lines) == 1
     assert sum("7/8 GPUs up Xid 79 x1" in line for line in lines) == 1
 

@@ -16,7 +16,12 @@ from babysitter.demo.pager import Page
 from babysitter.demo.scenario import DemoEvent
 from babysitter.views.top import Frame, RunRow, render
 
-__all__ = ["DemoView"]
+__all__ = ["DemoView", "receiver_verb"]
+
+
+def receiver_verb(receiver: str) -> str:
+    """How a line names the receiver a notification went to: ``PAGE`` for the pager, else its name."""
+    return "PAGE" if receiver in ("", "pager") else receiver.upper()
 
 
 def _run_status(run: RunRow) -> str:
@@ -86,17 +91,21 @@ class DemoView:
         self.say(f"FAULT {event.describe()}", style="bold yellow")
 
     def page(self, page: Page) -> None:
-        """A page arrived from Alertmanager."""
+        """A notification arrived from Alertmanager, for the receiver it names (pager: ``PAGE``)."""
         with self._lock:
             self._pages.append(page)
+            verb = receiver_verb(page.receiver)
             if page.status == "firing":
                 line = (
-                    f"{self._clock(page.received)} PAGE {page.severity} {page.name} {page.subject()}: "
+                    f"{self._clock(page.received)} {verb} {page.severity} {page.name} {page.subject()}: "
                     f"{page.summary}"
                 )
-                style = "bold red" if page.severity == "critical" else "red"
+                paged = "bold red" if page.severity == "critical" else "red"
+                style = paged if verb == "PAGE" else "yellow"
             else:
                 line = f"{self._clock(page.received)} RESOLVED {page.name} {page.subject()}"
+                if verb != "PAGE":
+                    line += f" (to {page.receiver})"
                 style = "green"
             self.console.print(line, style=style, soft_wrap=True, highlight=False, markup=False)
             self._refresh()
