@@ -302,3 +302,35 @@ def test_a_stopped_trainer_is_one_failed_endpoint_within_the_scrape_timeout(tmp_
     assert s.value(N.COLLECTOR_SUCCESS.name, collector="trainers") == 1, out.decode()
     assert s.value(N.TRAINER_SCRAPE_SUCCESS.name, run="demo", rank="0") == 0
     assert s.value(N.TRAINER_SCRAPE_ERRORS.name, run="demo", rank="0", reason="timeout") == 1
+
+
+def test_keep_points_at_dashboards_for_the_demos_profile(tmp_path: Path) -> None:
+    """``demo --keep`` names dashboards generated with the rules the demo's Prometheus records (the fast
+    profile): every recorded series a panel reads is one the demo records, none is production's rate5m."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from babysitter.demo.runner import DemoOptions, _Demo
+    from babysitter.demo.scenario import default_scenario
+    from babysitter.generate.writer import RECORDING_RULES, render
+
+    files = render(demo_generate_config())
+    out = io.StringIO()
+    demo = _Demo(DemoOptions(default_scenario(), workdir=tmp_path), Console(file=out, width=200))
+    try:
+        demo.agent_address = "127.0.0.1:1"
+        demo.prometheus_url = "http://127.0.0.1:2"
+        demo.write_dashboards(files)
+        demo.keep_message()
+    finally:
+        demo.stack.close()
+    message = out.getvalue()
+    assert f"Import each JSON file of {tmp_path / 'dashboards'}" in message, message
+    recorded = set(re.findall(r"record: '([^']+)'", files[RECORDING_RULES]))
+    dashboards = sorted((tmp_path / "dashboards").glob("*.json"))
+    assert len(dashboards) == 4
+    used = {name for d in dashboards for name in re.findall(r"\b[a-z_]+:[a-z_]+:[a-z0-9_]+\b", d.read_text())}
+    assert used and used <= recorded, used - recorded
+    assert not any("5m" in name for name in used), "production's windows: empty panels in the demo"

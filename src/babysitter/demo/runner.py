@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -234,6 +234,8 @@ class _Demo:
         self.audit: AuditTail | None = None
         self.remediate_url: str | None = None
         self.routing_path: Path | None = None
+        #: Dashboards generated for the profile the demo's rules use (None: no Prometheus).
+        self.dashboards: Path | None = None
         #: What the dry-run remediator decided: ``(line, audit line)``, in order.
         self.remediations: list[tuple[str, str]] = []
 
@@ -273,6 +275,7 @@ class _Demo:
             path = rules_dir / Path(rel).name
             path.write_text(files[rel])
             rule_files.append(path)
+        self.write_dashboards(files)
         # Prometheus first (the remediator's job map needs its URL), with neither target nor
         # Alertmanager yet: point_prometheus() reloads it with both.
         prom_dir = self.workdir / "prometheus"
@@ -321,6 +324,17 @@ class _Demo:
             am_address = f"127.0.0.1:{am_port}"
             self.alertmanager_url = f"http://{am_address}"
         self._prom_config = (prom_dir / "prometheus.yml", rule_files, am_address)
+
+    def write_dashboards(self, files: Mapping[str, str]) -> None:
+        """The Grafana dashboards generated with the rules the demo's Prometheus records (the fast
+        profile): the committed ones query the ``rate5m`` series, which this Prometheus never has."""
+        out = self.workdir / "dashboards"
+        out.mkdir(exist_ok=True)
+        for rel, text in files.items():
+            if rel.startswith("dashboards/") and rel.endswith(".json"):
+                (out / Path(rel).name).write_text(text)
+                (out / Path(rel).name).chmod(0o644)
+        self.dashboards = out
 
     def _routing(self) -> dict[str, Any]:
         """The Alertmanager routing the demo runs with: the shipped one unless the user gave one."""
@@ -633,8 +647,6 @@ class _Demo:
         return float(t.goodput)
 
     def keep_message(self) -> None:
-        root = Path(__file__).resolve().parents[3]
-        dashboards = root / "dashboards"
         lines = ["The stack keeps running (training continues, healthy) until Ctrl-C:"]
         if self.prometheus_url:
             lines.append(f"  Prometheus    {self.prometheus_url}  (rules: {self.workdir / 'rules'})")
@@ -646,10 +658,12 @@ class _Demo:
             if self.prometheus_url
             else f"  babysitter top --metrics http://{self.agent_address}/metrics"
         )
-        lines.append(
-            "  Grafana: add a Prometheus data source with the URL above, then Dashboards > New > Import "
-            f"each JSON file of {dashboards if dashboards.is_dir() else 'dashboards/ (in the repository)'}"
-        )
+        if self.dashboards is not None:
+            lines.append(
+                "  Grafana: add a Prometheus data source with the URL above, then Dashboards > New > "
+                f"Import each JSON file of {self.dashboards} (generated for the demo's fast profile: "
+                "the repository's dashboards/ query production's 5 m recording rules)"
+            )
         for line in lines:
             self.console.print(line, soft_wrap=True, highlight=False)
 
