@@ -134,3 +134,14 @@ def test_real_alertmanager_routes_by_severity_and_inhibits(tmp_path: Path) -> No
     finally:
         stack.close()
         pager.close()
+
+
+def test_cli_refuses_a_bad_routing_file_at_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from babysitter.cli import main
+
+    bad = tmp_path / "am.yml"
+    bad.write_text("receivers: []\n")
+    assert main(["demo", "--alertmanager-config", str(bad), "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert "--alertmanager-config" in err and "no 'route'" in err, err
+    assert not (tmp_path / "w").exists(), "nothing started"
