@@ -2,11 +2,13 @@
 
 The stack: a node agent with simulated GPUs (it also serves the training process's metrics), the tiny
 GPT training run (:mod:`babysitter.demo.trainer`), Prometheus loaded with the generated rules (the
-fast profile, plus a slow-save threshold a CPU demo can reach), Alertmanager routing every alert to
-the demo's pager (:mod:`babysitter.demo.pager`) and the GPU alerts also to ``babysitter remediate
---dry-run`` (:mod:`babysitter.demo.remediation`), whose planned drain and requeue print as they are
-decided. Without the Prometheus binaries the rest still runs and the terminal says what is missing and
-how to install it.
+fast profile, plus a slow-save threshold a CPU demo can reach; the dashboards generated with them
+go to the work directory for ``--keep``), Alertmanager routing with the shipped
+``exporters/alertmanager.yml`` (:mod:`babysitter.demo.routing`: every receiver pointed at the demo's
+webhook, :mod:`babysitter.demo.pager`, so each line says which receiver got it) and the GPU alerts
+also to ``babysitter remediate --dry-run`` (:mod:`babysitter.demo.remediation`), whose planned drain
+and requeue print as they are decided. Without the Prometheus binaries the rest still runs and the
+terminal says what is missing and how to install it.
 """
 
 from __future__ import annotations
