@@ -12,7 +12,8 @@ import pytest
 
 from babysitter.cli import main
 from babysitter.demo.remediation import DEMO_JOB, AuditTail, describe, remediate_policy, write_job_map
-from babysitter.demo.stack import alertmanager_config, write_json
+from babysitter.demo.routing import demo_alertmanager_config, load_routing, shipped_routing
+from babysitter.demo.stack import write_json
 from babysitter.remediate.policy import parse_policy
 from promkit import require_binary
 
@@ -42,12 +43,16 @@ def test_the_job_map_is_what_a_prolog_writes(tmp_path: Path) -> None:
 
 
 def test_gpu_alerts_go_to_the_remediator_and_still_page(tmp_path: Path) -> None:
-    """amtool on the demo's Alertmanager config: a GPU alert reaches remediate and the pager, a
-    training alert only the pager."""
+    """amtool on the demo's Alertmanager config (the shipped routing): a critical GPU alert reaches
+    remediate, the pager and chat, a critical training alert the pager and chat only."""
     require_binary(AMTOOL, "amtool")
     amtool = AMTOOL
+    routing = load_routing(shipped_routing() or tmp_path / "missing")
     config = write_json(
-        tmp_path / "am.yml", alertmanager_config("http://127.0.0.1:5/pager", "http://127.0.0.1:6/alerts")
+        tmp_path / "am.yml",
+        demo_alertmanager_config(
+            routing, lambda name: f"http://127.0.0.1:5/{name}", "http://127.0.0.1:6/alerts"
+        ),
     )
     check = subprocess.run([amtool, "check-config", str(config)], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -62,8 +67,9 @@ def test_gpu_alerts_go_to_the_remediator_and_still_page(tmp_path: Path) -> None:
         assert out.returncode == 0, out.stdout + out.stderr
         return out.stdout.strip()
 
-    assert receivers("alertname=GpuXidCritical", "gpu=3") == "remediate,pager"
-    assert receivers("alertname=TrainingStalled", "run=demo") == "pager"
+    gpu = ("severity=critical", "component=gpu", "gpu=3")
+    assert receivers("alertname=GpuXidCritical", *gpu) == "demo-remediate,pager,chat"
+    assert receivers("alertname=TrainingStalled", "severity=critical", "component=training") == "pager,chat"
 
 
 def test_audit_records_become_lines_with_the_commands(tmp_path: Path) -> None:

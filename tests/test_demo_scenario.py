@@ -4,13 +4,14 @@ matching of pages to faults."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from babysitter.demo.pager import Page
-from babysitter.demo.runner import match_pages
+from babysitter.demo.runner import match_pages, unscripted
 from babysitter.demo.scenario import (
     DEFAULT_SCENARIO,
     default_scenario,
@@ -144,3 +145,21 @@ def test_pages_match_faults_after_them_on_the_same_gpu() -> None:
     results = match_pages(s.events, pages, t0)
     assert results[0].pages == {"GpuXidCritical": pytest.approx(3.5), "GpuDown": None}
     assert results[1].pages == {"TrainingProcessExited": pytest.approx(2.0)}
+
+
+def test_faults_name_the_receivers_and_unscripted_alerts_are_listed() -> None:
+    """Under the shipped routing a critical reaches pager and chat, a warning chat only; an alert no
+    fault expects is listed with where it went (a warning in chat is not a page)."""
+    s = parse_scenario_data({"duration": 100, "events": [{"at": 10, "event": "hang", "seconds": 20}]})
+    t0 = 1000.0
+    stalled = _page("TrainingStalled", t0 + 27)
+    pages = [
+        replace(stalled, receiver="pager"),
+        replace(stalled, receiver="chat", received=t0 + 27.1),
+        replace(stalled, receiver="pager", received=t0 + 80),  # a later episode: not this delivery
+        replace(_page("TrainingGoodputLow", t0 + 40), severity="warning", receiver="chat"),
+    ]
+    results = match_pages(s.events, pages, t0)
+    assert results[0].pages == {"TrainingStalled": pytest.approx(17.0)}
+    assert results[0].receivers == {"TrainingStalled": ("chat", "pager")}
+    assert unscripted(s.events, pages) == {"TrainingGoodputLow": ("warning", ("chat",))}

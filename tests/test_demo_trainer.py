@@ -25,7 +25,7 @@ def _trainer(
             sys.executable, "-m", "babysitter.demo.trainer",
             "--run-dir", str(tmp_path / "run"), "--registry-dir", str(tmp_path / "reg"),
             "--run", "t", "--t0", repr(t0), "--events", json.dumps(events),
-            "--pace", "0.05", "--checkpoint-interval", "3", "--hang-after", "2", *extra,
+            "--pace", "0.05", "--checkpoint-interval", "3", "--hang-floor", "2", *extra,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -84,6 +84,11 @@ def test_kill_resume_slow_save_hang_and_clean_stop(tmp_path: Path) -> None:
     assert bad["lost_progress"] > 0.5
     assert bad["checkpoint_save"] >= 2.0
     assert 3.0 < bad["hang"] < 10.0, "the 4 s hang, not the 50 s one from before the restart"
+    # Booked by the product's watchdog (watch(hang_floor=...)), not a demo-only one: its stack dump,
+    # with the floor as the threshold (the steps take ~0.05 s, so 10 x median is below it).
+    dumps = list((tmp_path / "run" / "hangs").glob("hang-t-rank0-*.txt"))
+    assert len(dumps) == 1, dumps
+    assert "threshold seconds: 2.0\n" in dumps[0].read_text()
     assert bad["downtime"] > 0
     assert len(list(ckpt.glob("step-*.pt"))) == 3, "the newest three checkpoints kept"
     assert not list(ckpt.glob(".*.tmp")), "no half-written checkpoint left"

@@ -56,6 +56,14 @@ def register(subparsers: Any) -> None:
         "--alertmanager-bin", default=None, metavar="PATH", help="Alertmanager binary (default: search)"
     )
     p.add_argument(
+        "--alertmanager-config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="Alertmanager routing to run with, receivers pointed at the demo "
+        "(default: the repository's exporters/alertmanager.yml)",
+    )
+    p.add_argument(
         "--pace",
         type=float,
         default=0.1,
@@ -99,6 +107,14 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.pace <= 10:
         sys.stderr.write("babysitter demo: --pace must lie between 0 and 10 seconds\n")
         return 2
+    if args.alertmanager_config is not None:
+        from babysitter.demo.routing import RoutingError, load_routing
+
+        try:
+            load_routing(args.alertmanager_config)
+        except RoutingError as exc:
+            sys.stderr.write(f"babysitter demo: --alertmanager-config: {exc}\n")
+            return 2
     console = Console() if sys.stdout.isatty() else Console(width=140)
     options = DemoOptions(
         scenario=scenario,
@@ -108,5 +124,6 @@ def run(args: argparse.Namespace) -> int:
         alertmanager_bin=args.alertmanager_bin,
         strict=args.strict,
         pace=args.pace,
+        alertmanager_config=args.alertmanager_config,
     )
     return run_demo(options, console)

@@ -1,8 +1,10 @@
 """The demo's pager: an Alertmanager webhook receiver on loopback that hands every page to a callback.
 
 Alertmanager POSTs a JSON document per notification (a group of alerts, firing or resolved); each alert
-in it becomes a :class:`Page`. Bodies are bounded and malformed ones are answered 400 and logged once
-per kind, so a confused sender cannot take the demo down.
+in it becomes a :class:`Page`, which keeps the receiver the notification was for (the payload's
+``receiver``: the demo points every receiver of the shipped routing here, ``/<receiver>`` each).
+Bodies are bounded and malformed ones are answered 400 and logged once per kind, so a confused
+sender cannot take the demo down.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,6 +36,7 @@ class Page:
     severity: str
     labels: dict[str, str] = field(default_factory=dict)
     summary: str = ""
+    receiver: str = ""
 
     def subject(self) -> str:
         """The labels that say what the page is about."""
@@ -45,6 +49,7 @@ def parse_notification(body: object, received: float) -> list[Page]:
     if not isinstance(body, dict) or not isinstance(body.get("alerts"), list):
         raise ValueError("not an Alertmanager webhook payload (no 'alerts' list)")
     pages = []
+    receiver = str(body.get("receiver") or "")[:100]
     for alert in body["alerts"]:
         if not isinstance(alert, dict):
             raise ValueError("an alert is not an object")
@@ -58,6 +63,7 @@ def parse_notification(body: object, received: float) -> list[Page]:
                 severity=labels.get("severity", ""),
                 labels=labels,
                 summary=str(annotations.get("summary", ""))[:500],
+                receiver=receiver,
             )
         )
     return pages
@@ -100,8 +106,13 @@ class PagerServer:
         self._server = ThreadingHTTPServer((host, port), Handler)
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
-        self.url = f"http://{host}:{self.port}/pager"
+        self._host = host
+        self.url = self.url_for("pager")
         self._thread = threading.Thread(target=self._server.serve_forever, name="demo-pager", daemon=True)
+
+    def url_for(self, receiver: str) -> str:
+        """The webhook URL the demo gives Alertmanager's receiver ``receiver``."""
+        return f"http://{self._host}:{self.port}/{urllib.parse.quote(receiver, safe='')}"
 
     def start(self) -> PagerServer:
         """Serve in the background."""

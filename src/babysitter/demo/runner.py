@@ -2,11 +2,13 @@
 
 The stack: a node agent with simulated GPUs (it also serves the training process's metrics), the tiny
 GPT training run (:mod:`babysitter.demo.trainer`), Prometheus loaded with the generated rules (the
-fast profile, plus a slow-save threshold a CPU demo can reach), Alertmanager routing every alert to
-the demo's pager (:mod:`babysitter.demo.pager`) and the GPU alerts also to ``babysitter remediate
---dry-run`` (:mod:`babysitter.demo.remediation`), whose planned drain and requeue print as they are
-decided. Without the Prometheus binaries the rest still runs and the terminal says what is missing and
-how to install it.
+fast profile, plus a slow-save threshold a CPU demo can reach; the dashboards generated with them
+go to the work directory for ``--keep``), Alertmanager routing with the shipped
+``exporters/alertmanager.yml`` (:mod:`babysitter.demo.routing`: every receiver pointed at the demo's
+webhook, :mod:`babysitter.demo.pager`, so each line says which receiver got it) and the GPU alerts
+also to ``babysitter remediate --dry-run`` (:mod:`babysitter.demo.remediation`), whose planned drain
+and requeue print as they are decided. Without the Prometheus binaries the rest still runs and the
+terminal says what is missing and how to install it.
 """
 
 from __future__ import annotations
@@ -19,28 +21,38 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from babysitter.demo.pager import Page, PagerServer
 from babysitter.demo.remediation import AuditTail, describe, remediate_policy, write_job_map
+from babysitter.demo.routing import RoutingError, demo_alertmanager_config, load_routing, shipped_routing
 from babysitter.demo.scenario import PROCESS_EVENTS, DemoEvent, Scenario
 from babysitter.demo.stack import (
     INSTALL_HINT,
     Binaries,
     Stack,
     StackError,
-    alertmanager_config,
     find_binaries,
     prometheus_config,
     write_json,
 )
 from babysitter.demo.view import DemoView
 
-__all__ = ["DemoOptions", "FaultResult", "demo_generate_config", "match_pages", "run_demo"]
+__all__ = [
+    "COLLECTOR_TIMEOUT",
+    "TRAINER_TIMEOUT",
+    "DemoOptions",
+    "FaultResult",
+    "demo_generate_config",
+    "match_pages",
+    "node_agent_argv",
+    "run_demo",
+    "unscripted",
+]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +60,10 @@ RUN_NAME = "demo"
 CLUSTER = "demo"
 #: Seconds after the scenario's end to wait for the last pages (Prometheus eval + Alertmanager wait).
 PAGE_GRACE = 8.0
+#: Seconds the node agent waits for one trainer endpoint, and for one collector (a whole round of
+#: trainer fetches); both must end before Prometheus's scrape timeout (stack.SCRAPE_TIMEOUT, 1 s).
+TRAINER_TIMEOUT = 0.5
+COLLECTOR_TIMEOUT = 0.8
 #: Unscripted exits of the training process tolerated before the demo gives up (a broken install).
 _MAX_CRASHES = 3
 
@@ -64,6 +80,8 @@ class DemoOptions:
     strict: bool = False
     pace: float = 0.1
     checkpoint_interval: float = 10.0
+    #: Alertmanager routing to run with (default: the repository's exporters/alertmanager.yml).
+    alertmanager_config: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +90,12 @@ class FaultResult:
 
     event: DemoEvent
     pages: dict[str, float | None]
+    #: For each alert that arrived, the receivers its first notifications went to (pager, chat...).
+    receivers: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+#: Notifications of one alert this close to its first one count as the same delivery (one per receiver).
+_SAME_DELIVERY = 10.0
 
 
 def demo_generate_config() -> Any:
@@ -82,22 +106,75 @@ def demo_generate_config() -> Any:
 
 
 def match_pages(events: tuple[DemoEvent, ...], pages: list[Page], t0: float) -> list[FaultResult]:
-    """For each fault, the first firing page of each expected alert after it (same GPU for GPU faults)."""
+    """For each fault, the first firing notification of each expected alert after it (same GPU for GPU
+    faults), whatever receiver it went to, and the receivers that got it."""
     results = []
     for event in events:
         found: dict[str, float | None] = {}
+        receivers: dict[str, tuple[str, ...]] = {}
         for name in event.expect:
-            delay = None
-            for page in pages:
-                if page.status != "firing" or page.name != name or page.received < t0 + event.at:
-                    continue
-                if event.gpu is not None and page.labels.get("gpu", str(event.gpu)) != str(event.gpu):
-                    continue
-                delay = page.received - t0 - event.at
-                break
-            found[name] = delay
-        results.append(FaultResult(event, found))
+            matching = [
+                page
+                for page in pages
+                if page.status == "firing"
+                and page.name == name
+                and page.received >= t0 + event.at
+                and (event.gpu is None or page.labels.get("gpu", str(event.gpu)) == str(event.gpu))
+            ]
+            if not matching:
+                found[name] = None
+                continue
+            first = matching[0].received
+            found[name] = first - t0 - event.at
+            receivers[name] = tuple(
+                sorted({p.receiver for p in matching if p.received - first <= _SAME_DELIVERY})
+            )
+        results.append(FaultResult(event, found, receivers))
     return results
+
+
+def unscripted(events: tuple[DemoEvent, ...], pages: list[Page]) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Alerts that fired though no scripted fault expects them: name -> (severity, receivers)."""
+    expected = {name for event in events for name in event.expect}
+    out: dict[str, tuple[str, set[str]]] = {}
+    for page in pages:
+        if page.status == "firing" and page.name not in expected:
+            out.setdefault(page.name, (page.severity, set()))[1].add(page.receiver)
+    return {name: (severity, tuple(sorted(r))) for name, (severity, r) in sorted(out.items())}
+
+
+def node_agent_argv(
+    *,
+    port_file: Path,
+    gpus: int,
+    gpu_model: str,
+    scenario: Path,
+    kernel_log: Path,
+    registry: Path,
+    run_dir: Path,
+    jobs_dir: Path,
+) -> list[str]:
+    """The demo's node agent. Its deadlines nest inside Prometheus's scrape timeout: one trainer's
+    fetch (:data:`TRAINER_TIMEOUT`) < a collector (:data:`COLLECTOR_TIMEOUT`) < the scrape
+    (:data:`~babysitter.demo.stack.SCRAPE_TIMEOUT`), so a stopped trainer is reported as one failed
+    endpoint (what TrainingStalled reads) rather than failing the whole trainers collector."""
+    return [
+        sys.executable, "-m", "babysitter", "node-agent",
+        "--listen-address", "127.0.0.1:0",
+        "--port-file", str(port_file),
+        "--simulate", str(gpus),
+        "--gpu-model", gpu_model,
+        "--scenario", str(scenario),
+        "--simulate-kernel-log", str(kernel_log),
+        "--registry-dir", str(registry),
+        "--storage-path", str(run_dir),
+        "--storage-interval", "5",
+        "--checkpoint-run-dir", str(run_dir),
+        "--checkpoint-interval", "5",
+        "--trainer-timeout", repr(TRAINER_TIMEOUT),
+        "--collector-timeout", repr(COLLECTOR_TIMEOUT),
+        "--gpu-job-dir", str(jobs_dir),
+    ]  # fmt: skip
 
 
 @contextmanager
@@ -158,6 +235,9 @@ class _Demo:
         self._prom_config: tuple[Path, list[Path], str | None] | None = None
         self.audit: AuditTail | None = None
         self.remediate_url: str | None = None
+        self.routing_path: Path | None = None
+        #: Dashboards generated for the profile the demo's rules use (None: no Prometheus).
+        self.dashboards: Path | None = None
         #: What the dry-run remediator decided: ``(line, audit line)``, in order.
         self.remediations: list[tuple[str, str]] = []
 
@@ -188,6 +268,7 @@ class _Demo:
             )
         if self.binaries.prometheus is None:
             return
+        routing = self._routing() if self.binaries.alertmanager is not None else None
         rules_dir = self.workdir / "rules"
         rules_dir.mkdir(exist_ok=True)
         files = render(demo_generate_config())
@@ -196,6 +277,7 @@ class _Demo:
             path = rules_dir / Path(rel).name
             path.write_text(files[rel])
             rule_files.append(path)
+        self.write_dashboards(files)
         # Prometheus first (the remediator's job map needs its URL), with neither target nor
         # Alertmanager yet: point_prometheus() reloads it with both.
         prom_dir = self.workdir / "prometheus"
@@ -219,13 +301,14 @@ class _Demo:
         )
         self.prometheus_url = f"http://127.0.0.1:{port}"
         am_address = None
-        if self.binaries.alertmanager is not None:
+        if self.binaries.alertmanager is not None and routing is not None:
             self.pager = PagerServer(self._on_page).start()
             remediate_url = self.start_remediator()
             am_dir = self.workdir / "alertmanager"
             am_dir.mkdir(exist_ok=True)
             config = write_json(
-                am_dir / "alertmanager.yml", alertmanager_config(self.pager.url, remediate_url)
+                am_dir / "alertmanager.yml",
+                demo_alertmanager_config(routing, self.pager.url_for, remediate_url),
             )
             am_bin = self.binaries.alertmanager
             am_port = self.stack.start_server(
@@ -243,6 +326,32 @@ class _Demo:
             am_address = f"127.0.0.1:{am_port}"
             self.alertmanager_url = f"http://{am_address}"
         self._prom_config = (prom_dir / "prometheus.yml", rule_files, am_address)
+
+    def write_dashboards(self, files: Mapping[str, str]) -> None:
+        """The Grafana dashboards generated with the rules the demo's Prometheus records (the fast
+        profile): the committed ones query the ``rate5m`` series, which this Prometheus never has."""
+        out = self.workdir / "dashboards"
+        out.mkdir(exist_ok=True)
+        for rel, text in files.items():
+            if rel.startswith("dashboards/") and rel.endswith(".json"):
+                (out / Path(rel).name).write_text(text)
+                (out / Path(rel).name).chmod(0o644)
+        self.dashboards = out
+
+    def _routing(self) -> dict[str, Any]:
+        """The Alertmanager routing the demo runs with: the shipped one unless the user gave one."""
+        path = self.o.alertmanager_config or shipped_routing()
+        if path is None:
+            raise StackError(
+                "no exporters/alertmanager.yml next to this installation (not a source checkout): "
+                "pass --alertmanager-config FILE, your Alertmanager routing"
+            )
+        try:
+            routing = load_routing(path)
+        except RoutingError as exc:
+            raise StackError(str(exc)) from None
+        self.routing_path = path
+        return routing
 
     def start_remediator(self) -> str:
         """``babysitter remediate --dry-run`` on an ephemeral port; its webhook URL."""
@@ -307,25 +416,17 @@ class _Demo:
         jobs_dir = self.workdir / "gpu-jobs"
         write_job_map(jobs_dir, self.scenario.gpus)
         port_file = self.workdir / "node-agent.addr"
-        proc = self.stack.start(
-            "node-agent",
-            [
-                sys.executable, "-m", "babysitter", "node-agent",
-                "--listen-address", "127.0.0.1:0",
-                "--port-file", str(port_file),
-                "--simulate", str(self.scenario.gpus),
-                "--gpu-model", self.scenario.gpu_model,
-                "--scenario", str(scenario_path),
-                "--simulate-kernel-log", str(self.workdir / "kern.log"),
-                "--registry-dir", str(self.registry),
-                "--storage-path", str(self.run_dir),
-                "--storage-interval", "5",
-                "--checkpoint-run-dir", str(self.run_dir),
-                "--checkpoint-interval", "5",
-                "--collector-timeout", "0.8",
-                "--gpu-job-dir", str(jobs_dir),
-            ],
-        )  # fmt: skip
+        argv = node_agent_argv(
+            port_file=port_file,
+            gpus=self.scenario.gpus,
+            gpu_model=self.scenario.gpu_model,
+            scenario=scenario_path,
+            kernel_log=self.workdir / "kern.log",
+            registry=self.registry,
+            run_dir=self.run_dir,
+            jobs_dir=jobs_dir,
+        )
+        proc = self.stack.start("node-agent", argv)
         self.agent_address = self._address("node-agent", proc, port_file, "node agent")
 
     def _address(self, name: str, proc: Any, port_file: Path, what: str, timeout: float = 60.0) -> str:
@@ -481,19 +582,38 @@ class _Demo:
 
         pages = self.pager.snapshot() if self.pager else []
         results = match_pages(self.scenario.events, pages, self.t0)
-        table = Table(title="Scripted faults and their pages")
-        for col in ("at", "fault", "expected page", "paged after"):
-            table.add_column(col, justify="right" if col in ("at", "paged after") else "left")
+        table = Table(title="Scripted faults: the alerts they must cause, and where each went")
+        for col in ("at", "fault", "alert", "went to", "after"):
+            table.add_column(col, justify="right" if col in ("at", "after") else "left")
         for r in results:
             if not r.pages:
-                table.add_row(f"{r.event.at:g}s", r.event.describe(), "-", "-")
+                table.add_row(f"{r.event.at:g}s", r.event.describe(), "-", "-", "-")
             for name, delay in r.pages.items():
                 if self.pager is None:
-                    cell = "no pager"
+                    cell, went = "no pager", "-"
                 else:
-                    cell = "[bold red]not paged[/]" if delay is None else f"{delay:.1f}s"
-                table.add_row(f"{r.event.at:g}s", r.event.describe(), name, cell)
+                    cell = "[bold red]not sent[/]" if delay is None else f"{delay:.1f}s"
+                    went = ", ".join(r.receivers.get(name, ())) or "-"
+                table.add_row(f"{r.event.at:g}s", r.event.describe(), name, went, cell)
         self.console.print(table)
+        if self.pager is not None:
+            others = unscripted(self.scenario.events, pages)
+            if others:
+                extra = Table(title="Alerts no scripted fault caused")
+                for col in ("alert", "severity", "went to"):
+                    extra.add_column(col)
+                for name, (severity, receivers) in others.items():
+                    extra.add_row(name, severity, ", ".join(receivers))
+                self.console.print(extra)
+            else:
+                self.console.print("No alert arrived that no scripted fault caused.", highlight=False)
+            if self.routing_path is not None:
+                self.console.print(
+                    f"routing: {self.routing_path} (receivers pointed at the demo, waits shortened); "
+                    "PAGE lines went to the pager receiver",
+                    soft_wrap=True,
+                    highlight=False,
+                )
         return results
 
     def report(self) -> float | None:
@@ -529,8 +649,6 @@ class _Demo:
         return float(t.goodput)
 
     def keep_message(self) -> None:
-        root = Path(__file__).resolve().parents[3]
-        dashboards = root / "dashboards"
         lines = ["The stack keeps running (training continues, healthy) until Ctrl-C:"]
         if self.prometheus_url:
             lines.append(f"  Prometheus    {self.prometheus_url}  (rules: {self.workdir / 'rules'})")
@@ -542,10 +660,12 @@ class _Demo:
             if self.prometheus_url
             else f"  babysitter top --metrics http://{self.agent_address}/metrics"
         )
-        lines.append(
-            "  Grafana: add a Prometheus data source with the URL above, then Dashboards > New > Import "
-            f"each JSON file of {dashboards if dashboards.is_dir() else 'dashboards/ (in the repository)'}"
-        )
+        if self.dashboards is not None:
+            lines.append(
+                "  Grafana: add a Prometheus data source with the URL above, then Dashboards > New > "
+                f"Import each JSON file of {self.dashboards} (generated for the demo's fast profile: "
+                "the repository's dashboards/ query production's 5 m recording rules)"
+            )
         for line in lines:
             self.console.print(line, soft_wrap=True, highlight=False)
 
@@ -571,7 +691,11 @@ def run_demo(options: DemoOptions, console: Any) -> int:
                 f"stack up: {demo.scenario.gpus} simulated {demo.scenario.gpu_model} GPUs (node agent "
                 f"http://{demo.agent_address}), tiny GPT training on CPU"
                 + (f", Prometheus {demo.prometheus_url}" if demo.prometheus_url else "")
-                + (", Alertmanager -> demo pager" if demo.alertmanager_url else "")
+                + (
+                    f", Alertmanager routing as {demo.routing_path} (receivers: the demo's webhook)"
+                    if demo.alertmanager_url
+                    else ""
+                )
                 + (" + babysitter remediate --dry-run (GPU alerts)" if demo.remediate_url else ""),
                 style="bold",
             )

@@ -29,10 +29,10 @@ from typing import IO
 
 __all__ = [
     "INSTALL_HINT",
+    "SCRAPE_TIMEOUT",
     "Binaries",
     "Stack",
     "StackError",
-    "alertmanager_config",
     "find_binaries",
     "free_port",
     "prometheus_config",
@@ -41,6 +41,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: Prometheus's scrape interval and timeout in the demo, in seconds.
+SCRAPE_TIMEOUT = 1.0
 
 INSTALL_HINT = "sudo apt-get install prometheus prometheus-alertmanager"
 
@@ -104,7 +107,11 @@ def prometheus_config(
 ) -> dict[str, object]:
     """Scrape the node agent every second (it serves the trainers too), evaluate rules every second."""
     config: dict[str, object] = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "global": {
+            "scrape_interval": f"{SCRAPE_TIMEOUT:g}s",
+            "scrape_timeout": f"{SCRAPE_TIMEOUT:g}s",
+            "evaluation_interval": "1s",
+        },
         "scrape_configs": [
             {
                 "job_name": "babysitter-node",
@@ -117,32 +124,6 @@ def prometheus_config(
     if alertmanager:
         config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
     return config
-
-
-def alertmanager_config(pager_url: str, remediate_url: str | None = None) -> dict[str, object]:
-    """Every alert to the demo's pager, quickly (1 s group wait), with resolutions; no inhibitions, so
-    each fault's own page shows (exporters/alertmanager.yml is the production routing). With
-    ``remediate_url``, GPU alerts also go to ``babysitter remediate`` (``continue``: the page still goes
-    out), as docs/remediate.md routes them."""
-    route: dict[str, object] = {
-        "receiver": "pager",
-        "group_by": ["alertname", "cluster", "run", "instance", "gpu"],
-        "group_wait": "1s",
-        "group_interval": "2s",
-        "repeat_interval": "1h",
-    }
-    receivers: list[dict[str, object]] = [
-        {"name": "pager", "webhook_configs": [{"url": pager_url, "send_resolved": True}]}
-    ]
-    if remediate_url is not None:
-        route["routes"] = [
-            {"receiver": "remediate", "matchers": ['alertname=~"Gpu.*"'], "continue": True},
-            {"receiver": "pager"},
-        ]
-        receivers.append(
-            {"name": "remediate", "webhook_configs": [{"url": remediate_url, "send_resolved": True}]}
-        )
-    return {"route": route, "receivers": receivers}
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], *, timeout: float, what: str, log_path: Path) -> None:

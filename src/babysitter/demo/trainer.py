@@ -11,8 +11,10 @@ agent.
 Two faults of the scenario play in here, at their time since ``--t0`` (the demo's start), so that a
 restarted process does not replay the ones before it started: a slow checkpoint save (the save blocks
 for the given seconds, as on a slow file system) and a hang (the loop stops stepping while the process
-still answers scrapes, as in a stuck collective). A small watchdog thread reports hangs to the ledger
-(``Tracker.record_hang``), so the report books that time as ``hang``.
+still answers scrapes, as in a stuck collective). The product's hang watchdog
+(:mod:`babysitter.training.watchdog`, started by ``watch()``) books that time as ``hang`` in the
+ledger, exactly as in production; the demo only lowers its floor (``watch(hang_floor=...)``,
+``--hang-floor``, 5 s here against production's 300 s) so that a hang of seconds counts.
 
 Steps are paced (``--pace`` seconds each at least; the pause sits inside the step, as a slower model
 would) so the demo leaves CPU for everything else on a small machine. MFU is measured against the
@@ -36,12 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TinyConfig", "main"]
+__all__ = ["HANG_FLOOR", "TinyConfig", "main"]
 
 log = logging.getLogger("babysitter.demo.trainer")
 
 _CKPT = re.compile(r"^step-(\d{8})\.pt$")
 _KEEP = 3
+#: The hang watchdog's floor in the demo (``watch(hang_floor=...)``; production's default is 300 s).
+HANG_FLOOR = 5.0
 
 
 @dataclass(frozen=True)
@@ -143,36 +147,6 @@ def _checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-class _Watchdog:
-    """Report a hang to the ledger once per stall: no step for ``after`` seconds (checkpoints excluded)."""
-
-    def __init__(self, tracker: Any, after: float) -> None:
-        self._tracker = tracker
-        self._after = after
-        self._stop = threading.Event()
-        self._reported_at_step = -1
-        self._thread = threading.Thread(target=self._loop, name="demo-watchdog", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.5):
-            try:
-                if self._tracker.steps == 0:  # still starting up: that is startup, not a hang
-                    continue
-                age = self._tracker.seconds_since_last_step()
-                step = self._tracker.global_step
-                if age is not None and age > self._after and step != self._reported_at_step:
-                    self._tracker.record_hang(age)
-                    self._reported_at_step = step
-                    log.warning("demo trainer: no step for %.1f s, hang reported to the ledger", age)
-            except Exception as exc:  # the watchdog must not take training down
-                log.warning("demo trainer: watchdog: %s", exc)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-
-
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m babysitter.demo.trainer", description=__doc__)
     p.add_argument("--run-dir", type=Path, required=True)
@@ -189,7 +163,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument(
-        "--hang-after", type=float, default=5.0, help="seconds without a step the watchdog calls a hang"
+        "--hang-floor",
+        type=float,
+        default=HANG_FLOOR,
+        help="the watchdog's floor: watch(hang_floor=...), seconds without a step it may call a hang",
     )
     p.add_argument("--max-steps", type=int, default=0, help="stop after this global step (0: until SIGTERM)")
     p.add_argument("--cluster", default="demo")
@@ -244,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         flush_interval=0.5,
         mfu_window=20.0,
         timing="cpu",
+        hang_floor=args.hang_floor,
     )
     step = 0
     existing = _checkpoints(ckpt_dir)
@@ -254,7 +232,6 @@ def main(argv: list[str] | None = None) -> int:
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["optimizer"])
         log.info("demo trainer: resumed from step %d (%s)", step, path.name)
-    watchdog = _Watchdog(tracker, args.hang_after)
     slow_save = 0.0
     saved_slot = int((time.time() - t0) // args.checkpoint_interval)
     try:
@@ -288,7 +265,6 @@ def main(argv: list[str] | None = None) -> int:
                 slow_save = 0.0
                 saved_slot = slot
     finally:
-        watchdog.close()
         tracker.close(clean=True)
     log.info("demo trainer: stopped at step %d", step)
     return 0

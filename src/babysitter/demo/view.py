@@ -1,7 +1,8 @@
 """The demo's terminal: scenario events and pages as lines the moment they happen, and a live view.
 
 On a terminal, a rich ``Live`` panel at the bottom shows the clock, the next scripted fault and the
-``babysitter top`` tables (runs, nodes, alerts), while events and pages scroll above it. Piped to a file
+runs, node and alerts ``babysitter top`` shows, laid out for 80x24 (:mod:`babysitter.demo.panel`),
+while events and pages scroll above it. Piped to a file
 or a CI log, there is no animation: the same event and page lines, plus a one-line status every
 ``status_every`` seconds.
 """
@@ -14,9 +15,14 @@ from typing import Any
 
 from babysitter.demo.pager import Page
 from babysitter.demo.scenario import DemoEvent
-from babysitter.views.top import Frame, RunRow, render
+from babysitter.views.top import Frame, RunRow
 
-__all__ = ["DemoView"]
+__all__ = ["DemoView", "receiver_verb"]
+
+
+def receiver_verb(receiver: str) -> str:
+    """How a line names the receiver a notification went to: ``PAGE`` for the pager, else its name."""
+    return "PAGE" if receiver in ("", "pager") else receiver.upper()
 
 
 def _run_status(run: RunRow) -> str:
@@ -86,17 +92,21 @@ class DemoView:
         self.say(f"FAULT {event.describe()}", style="bold yellow")
 
     def page(self, page: Page) -> None:
-        """A page arrived from Alertmanager."""
+        """A notification arrived from Alertmanager, for the receiver it names (pager: ``PAGE``)."""
         with self._lock:
             self._pages.append(page)
+            verb = receiver_verb(page.receiver)
             if page.status == "firing":
                 line = (
-                    f"{self._clock(page.received)} PAGE {page.severity} {page.name} {page.subject()}: "
+                    f"{self._clock(page.received)} {verb} {page.severity} {page.name} {page.subject()}: "
                     f"{page.summary}"
                 )
-                style = "bold red" if page.severity == "critical" else "red"
+                paged = "bold red" if page.severity == "critical" else "red"
+                style = paged if verb == "PAGE" else "yellow"
             else:
                 line = f"{self._clock(page.received)} RESOLVED {page.name} {page.subject()}"
+                if verb != "PAGE":
+                    line += f" (to {page.receiver})"
                 style = "green"
             self.console.print(line, style=style, soft_wrap=True, highlight=False, markup=False)
             self._refresh()
@@ -142,17 +152,6 @@ class DemoView:
             self._live.update(self._panel())
 
     def _panel(self) -> Any:
-        from rich.console import Group
-        from rich.panel import Panel
-        from rich.text import Text
+        from babysitter.demo.panel import panel
 
-        elapsed = time.time() - self.t0
-        head = Text(f"babysitter demo  {elapsed:5.0f}s / {self.duration:.0f}s", style="bold")
-        if self._next is not None:
-            head.append(
-                f"   next fault in {self._next.at - elapsed:4.0f}s: {self._next.describe()}", style="yellow"
-            )
-        parts: list[Any] = [head]
-        if self._frame is not None:
-            parts.append(render(self._frame))
-        return Panel(Group(*parts), title="live view (Ctrl-C stops everything)", expand=False)
+        return panel(self._frame, self._next, t0=self.t0, duration=self.duration)

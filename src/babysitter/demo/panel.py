@@ -1,0 +1,122 @@
+"""The demo's live panel, laid out for an 80x24 terminal.
+
+``babysitter top``'s boxed tables (a column per metric, one per alert's labels) need about 130
+columns and 33 rows; in the demo the panel shares the screen with the event and page lines that
+scroll above it. So the panel is its own compact layout of the same :class:`Frame`: borderless tables
+whose headers and cells fit 76 columns, the node's address said once (the alerts name their GPU, not
+their host), at most :data:`MAX_ALERTS` alert rows, and at most :data:`MAX_HEIGHT` rows in all.
+Names that could be long (a run, an alert) are bounded so a row never wraps.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from babysitter.demo.scenario import DemoEvent
+from babysitter.views.top import Frame
+
+__all__ = ["MAX_ALERTS", "MAX_HEIGHT", "panel"]
+
+#: Alert rows shown (critical first); the rest is one "+N more" line.
+MAX_ALERTS = 4
+#: Rows the panel takes at most (borders included), so that ten lines of events stay visible at 24.
+MAX_HEIGHT = 14
+_WIDTH = 80
+_NAME = 12
+_ALERT = 26
+_ABOUT = 16
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _secs(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.0f}ms"
+    if value < 120:
+        return f"{value:.1f}s"
+    return f"{value / 60:.0f}m"
+
+
+def _bounded(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "~"
+
+
+def _table(*columns: str, left: int = 1) -> Any:
+    """A borderless table (no rule rows: height is scarce); the first ``left`` columns left-aligned."""
+    from rich.table import Table
+
+    table = Table(box=None, padding=(0, 1), pad_edge=False, expand=False)
+    for i, col in enumerate(columns):
+        table.add_column(
+            col, justify="left" if i < left else "right", no_wrap=True, header_style="bold underline"
+        )
+    return table
+
+
+def panel(frame: Frame | None, next_event: DemoEvent | None, *, t0: float, duration: float) -> Any:
+    """The live panel: clock and next fault, then the runs, the node and the active alerts."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.text import Text
+
+    elapsed = time.time() - t0
+    parts: list[Any] = []
+    if next_event is not None:
+        head = f"next fault in {max(0.0, next_event.at - elapsed):3.0f}s: {next_event.describe()}"
+        parts.append(Text(_bounded(head, _WIDTH - 4), style="yellow", no_wrap=True))
+    else:
+        parts.append(Text("no more faults: recovery", style="green"))
+    if frame is not None:
+        runs = _table("run", "step", "MFU", "goodput", "step time", "last step", "last ckpt", "restarts")
+        for row in frame.runs[:2]:
+            name = _bounded(row.run, _NAME) if row.reporting else _bounded(row.run, _NAME - 2) + " ?"
+            runs.add_row(
+                Text(name, style="" if row.reporting else "bold red"),
+                "-" if row.step is None else str(row.step),
+                _pct(row.mfu),
+                _pct(row.goodput),
+                _secs(row.step_seconds),
+                _secs(row.last_step_age),
+                _secs(row.checkpoint_age),
+                "-" if row.restarts is None else str(row.restarts),
+            )
+        if not frame.runs:
+            runs.add_row("(none yet)", *[""] * 7)
+        parts.append(runs)
+        nodes = _table("node", "GPUs up", "lost", "Xid x count", "max temp", "util")
+        for node in frame.nodes[:1]:
+            nodes.add_row(
+                _bounded(node.instance, 21),
+                Text(f"{node.gpus_up}/{node.gpus}", style="bold red" if node.lost else "green"),
+                Text(_bounded(",".join(node.lost) or "-", 8), style="bold red" if node.lost else ""),
+                _bounded(" ".join(f"{c}x{n}" for c, n in sorted(node.xids.items())) or "-", 14),
+                "-" if node.max_temperature is None else f"{node.max_temperature:.0f}C",
+                _pct(node.mean_utilization),
+            )
+        parts.append(nodes)
+        if frame.alerts:
+            alerts = _table("alert", "state", "severity", "about", "for", left=4)
+            ordered = sorted(frame.alerts, key=lambda a: (a.state != "firing", a.severity != "critical"))
+            for a in ordered[:MAX_ALERTS]:
+                about = " ".join(f"{k}={a.labels[k]}" for k in ("run", "gpu", "xid") if k in a.labels)
+                since = "-" if a.since is None else _secs(max(0.0, frame.time - a.since))
+                style = "bold red" if a.state == "firing" and a.severity == "critical" else None
+                alerts.add_row(
+                    _bounded(a.name, _ALERT), a.state, a.severity, _bounded(about, _ABOUT), since, style=style
+                )
+            parts.append(alerts)
+            if len(ordered) > MAX_ALERTS:
+                parts.append(Text(f"+{len(ordered) - MAX_ALERTS} more alert(s)", style="dim"))
+        elif frame.alerts is not None:
+            parts.append(Text("no active alerts", style="green"))
+    return Panel(
+        Group(*parts),
+        title=f"babysitter demo {elapsed:4.0f}s / {duration:.0f}s",
+        subtitle="Ctrl-C stops everything",
+        width=_WIDTH,
+    )

@@ -1,0 +1,112 @@
+"""The demo's Alertmanager configuration: the shipped production routing, pointed at the demo.
+
+The demo routes alerts with ``exporters/alertmanager.yml`` (or a file the user gives): its severity
+routes, grouping and inhibitions unchanged, so the demo pages what production would page and no
+more. Only three things change, at runtime: every receiver becomes a webhook to the demo's own
+receiver (``/<receiver name>``, so the screen can say which receiver each alert went to), the
+grouping waits shrink to seconds (the fast profile's pace; production waits 30 s and 5 min), and
+GPU alerts also go to ``babysitter remediate --dry-run`` (``continue``: the routing below still
+applies), as docs/remediate.md routes them.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEMO_GROUP_INTERVAL",
+    "DEMO_GROUP_WAIT",
+    "REMEDIATE_RECEIVER",
+    "RoutingError",
+    "demo_alertmanager_config",
+    "load_routing",
+    "shipped_routing",
+]
+
+#: Grouping waits in the demo (production: exporters/alertmanager.yml's 30 s and 5 min).
+DEMO_GROUP_WAIT = "1s"
+DEMO_GROUP_INTERVAL = "2s"
+#: The receiver the demo adds for ``babysitter remediate``.
+REMEDIATE_RECEIVER = "demo-remediate"
+
+
+class RoutingError(ValueError):
+    """The Alertmanager configuration to route with cannot be used."""
+
+
+def shipped_routing() -> Path | None:
+    """``exporters/alertmanager.yml`` of the source tree this package runs from (None: not a checkout)."""
+    path = Path(__file__).resolve().parents[3] / "exporters" / "alertmanager.yml"
+    return path if path.is_file() else None
+
+
+def load_routing(path: Path) -> dict[str, Any]:
+    """Read an Alertmanager configuration; RoutingError when it has no route or receivers."""
+    try:
+        import yaml
+    except ImportError as exc:
+        raise RoutingError(
+            "reading the Alertmanager routing needs PyYAML: pip install 'babysitter[demo]'"
+        ) from exc
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise RoutingError(f"{path}: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("route"), dict):
+        raise RoutingError(f"{path}: not an Alertmanager configuration (no 'route')")
+    receivers = data.get("receivers")
+    if not isinstance(receivers, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("name"), str) for r in receivers
+    ):
+        raise RoutingError(f"{path}: 'receivers' must be a list of named receivers")
+    return data
+
+
+def _shorten(route: dict[str, Any], *, root: bool) -> None:
+    if root or "group_wait" in route:
+        route["group_wait"] = DEMO_GROUP_WAIT
+    if root or "group_interval" in route:
+        route["group_interval"] = DEMO_GROUP_INTERVAL
+    for child in route.get("routes") or ():
+        if isinstance(child, dict):
+            _shorten(child, root=False)
+
+
+def demo_alertmanager_config(
+    routing: Mapping[str, Any],
+    webhook_url: Callable[[str], str],
+    remediate_url: str | None = None,
+) -> dict[str, Any]:
+    """``routing`` with every receiver a webhook to ``webhook_url(name)`` (resolutions too), the
+    grouping waits of the demo, and, with ``remediate_url``, GPU alerts to the remediator first."""
+    config: dict[str, Any] = {
+        key: copy.deepcopy(value) for key, value in routing.items() if key in ("global", "route")
+    }
+    if "inhibit_rules" in routing:
+        config["inhibit_rules"] = copy.deepcopy(routing["inhibit_rules"])
+    config["receivers"] = [
+        {"name": r["name"], "webhook_configs": [{"url": webhook_url(r["name"]), "send_resolved": True}]}
+        for r in routing["receivers"]
+    ]
+    route = config["route"]
+    _shorten(route, root=True)
+    if remediate_url is not None:
+        route["routes"] = [
+            {
+                "receiver": REMEDIATE_RECEIVER,
+                "matchers": ['alertname=~"Gpu.*"'],
+                "group_by": ["alertname", "cluster", "instance", "gpu"],
+                "continue": True,
+            },
+            *(route.get("routes") or ()),
+        ]
+        config["receivers"].append(
+            {
+                "name": REMEDIATE_RECEIVER,
+                "webhook_configs": [{"url": remediate_url, "send_resolved": True}],
+            }
+        )
+    return config
