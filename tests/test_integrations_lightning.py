@@ -17,6 +17,7 @@ import lightning as L
 from babysitter import flops
 from babysitter.catalog import train as T
 from babysitter.integrations.lightning import Babysitter
+from babysitter.ledger.writer import ENV_FLUSH
 from integ_helpers import TOKEN_BATCH, random_token_batches, sample_value, tiny_gpt2, token_loader
 
 PEAK = 1e12
@@ -225,10 +226,12 @@ def _fit_logged(tmp_path: Path, callback: Babysitter, module: L.LightningModule,
 
 
 def test_trainer_loggers_get_throughput_mfu_data_wait_and_goodput_at_log_every_n_steps(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(ENV_FLUSH, "0.02")  # the ledger books steps every 20 ms (5 s by default)
     callback = Babysitter(
         run="lit-log",
+        flush_interval=0.05,
         port=-1,
         peak_flops=PEAK,
         run_dir=tmp_path / "run",
@@ -241,14 +244,14 @@ def test_trainer_loggers_get_throughput_mfu_data_wait_and_goodput_at_log_every_n
     per_token = flops.estimate(tiny_gpt2().config, seq_len=TOKEN_BATCH[1]).model
     for _, row in ours:
         values = {k.removeprefix("babysitter/"): v for k, v in row.items() if k.startswith("babysitter/")}
-        assert set(values) == {"tokens_per_second", "mfu", "hfu", "data_wait_fraction", "goodput"}
+        assert set(values) - {"goodput"} == {"tokens_per_second", "mfu", "hfu", "data_wait_fraction"}
         assert all(isinstance(v, float) for v in values.values())  # plain floats: no tensor, no sync
         assert values["tokens_per_second"] > 0
         assert values["mfu"] == pytest.approx(values["tokens_per_second"] * per_token / PEAK)
         assert values["hfu"] == pytest.approx(values["mfu"])  # no recomputation declared
         assert 0.0 <= values["data_wait_fraction"] <= 1.0
-        assert 0.0 <= values["goodput"] <= 1.0
-    # the ledger's view, refreshed by housekeeping: by the last log it has booked productive steps
+        assert 0.0 <= values.get("goodput", 0.0) <= 1.0  # once the ledger is read
+    # the ledger's view, refreshed by housekeeping (every 50 ms here): by the last log it booked steps
     assert ours[-1][1]["babysitter/goodput"] > 0
 
 

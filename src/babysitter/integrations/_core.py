@@ -162,12 +162,14 @@ class CallbackCore:
         """Add host seconds of this rank's own work (no waiting for peers) to the current step."""
         self._work += seconds
 
-    def optimizer_step(self, step: int | None = None, loss: object = None) -> None:
-        """One optimizer step finished (after all its micro-batches)."""
+    def optimizer_step(self, step: int | None = None, loss: object = None, tokens: int | None = None) -> None:
+        """One optimizer step finished (after all its micro-batches); ``tokens`` replaces the count of
+        the micro-batches' shapes when the framework counted them itself."""
         tracker = self.tracker
         if tracker is None:
             return
-        tokens = self._pending_tokens if self._counts_known and self._pending_tokens else None
+        if tokens is None:
+            tokens = self._pending_tokens if self._counts_known and self._pending_tokens else None
         samples = self._pending_samples or None
         self._pending_tokens = self._pending_samples = 0
         self._counts_known = True

@@ -29,14 +29,12 @@ class LoggedValues:
     def __init__(self, tracker: Tracker) -> None:
         self._tracker = tracker
         self._goodput: float | None = None
-        self._goodput_read = False
         self._last_time = tracker.start_time
         self._last_wait = 0.0
         tracker.add_housekeeping_hook(self._refresh)
 
     def _refresh(self, tracker: Tracker) -> None:
         self._goodput = tracker.goodput()
-        self._goodput_read = True
 
     def values(self) -> dict[str, float]:
         """The values now; a key whose value is unknown (no FLOPs, no ledger yet) is left out."""
@@ -54,7 +52,7 @@ class LoggedValues:
             waited = snap.data_wait_seconds - self._last_wait
             out["data_wait_fraction"] = min(1.0, max(0.0, waited / elapsed))
             self._last_time, self._last_wait = snap.time, snap.data_wait_seconds
-        if not self._goodput_read:  # no housekeeping pass yet (a short first interval): read it once here
+        if self._goodput is None:  # not read yet (cheap while there is no ledger or it is loading)
             self._refresh(tracker)
         if self._goodput is not None:
             out["goodput"] = self._goodput
