@@ -65,6 +65,7 @@ RESTARTS = MetricSpec(
     "",
     "Incarnations of this run after the first (restarts).",
     ranks="rank0",
+    counts="restart",
 )
 
 LEDGER_WRITE_ERRORS = MetricSpec(
