@@ -42,20 +42,20 @@ class Rows(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
 
 def _args(tmp_path: Path, **kw: object) -> TrainingArguments:
-    return TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=TOKEN_BATCH[0],
-        per_device_eval_batch_size=TOKEN_BATCH[0],
-        gradient_accumulation_steps=2,
-        max_steps=4,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        **kw,  # type: ignore[arg-type]
-    )
+    settings: dict[str, object] = {
+        "output_dir": str(tmp_path / "out"),
+        "per_device_train_batch_size": TOKEN_BATCH[0],
+        "per_device_eval_batch_size": TOKEN_BATCH[0],
+        "gradient_accumulation_steps": 2,
+        "max_steps": 4,
+        "learning_rate": 1e-3,
+        "logging_steps": 1,
+        "report_to": [],
+        "use_cpu": True,
+        "dataloader_num_workers": 0,
+        "disable_tqdm": True,
+    }
+    return TrainingArguments(**{**settings, **kw})  # type: ignore[arg-type]
 
 
 def test_tiny_trainer_exports_steps_tokens_flops_mfu_checkpoints_and_eval(tmp_path: Path) -> None:
@@ -213,3 +213,39 @@ def test_num_input_tokens_seen_is_the_token_count_when_the_trainer_keeps_it(tmp_
     non_padding = sum(int(row["attention_mask"].sum()) for row in data.rows)
     assert trainer.state.num_input_tokens_seen == non_padding
     assert sample_value(reg, T.TOKENS.name) == non_padding  # not 8 x 4 x 16 from the shapes
+
+
+def test_resume_times_the_loads_and_continues_the_step_count(tmp_path: Path) -> None:
+    """train(resume_from_checkpoint=...) loads before any callback runs: the wrapped loads are timed."""
+    first = Trainer(
+        model=tiny_gpt2(),
+        args=_args(tmp_path, save_strategy="steps", save_steps=4),
+        train_dataset=Rows(8),
+    )
+    first.train()
+    checkpoint = tmp_path / "out" / "checkpoint-4"
+    assert checkpoint.is_dir()
+    callback = Babysitter(
+        run="hf-resume",
+        port=-1,
+        seq_len=TOKEN_BATCH[1],
+        run_dir=tmp_path / "run",
+        hang_timeout=None,
+        straggler_every=None,
+    )
+    resumed = Trainer(
+        model=tiny_gpt2(),
+        args=_args(tmp_path, save_strategy="no", max_steps=6),
+        train_dataset=Rows(12),
+        callbacks=[callback],
+    )
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    reg = callback.tracker.registry  # type: ignore[union-attr]
+    assert sample_value(reg, T.CKPT_LOAD_DURATION.name + "_count") == 2  # weights, optimizer state
+    load_seconds = sample_value(reg, T.CKPT_LOAD_DURATION.name + "_sum")
+    assert load_seconds is not None and load_seconds > 0
+    assert sample_value(reg, T.STEP.name) == 6
+    assert sample_value(reg, T.STEPS.name) == 2  # steps this process ran
+    records = [json.loads(line) for line in next((tmp_path / "run").glob("*.jsonl")).open()]
+    loads = [r for r in records if r["k"] == "cke" and r["op"] == "load"]
+    assert [(r["step"], r["ok"]) for r in loads] == [(4, True), (4, True)]

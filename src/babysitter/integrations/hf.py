@@ -18,10 +18,12 @@ Hugging Face callbacks see neither the batch nor the start of evaluation or of a
 * **Steps**: one ``tracker.step()`` per ``on_step_end``, i.e. per optimizer step
   (``gradient_accumulation_steps`` micro-batches are summed).
 * **Loss**: the value the Trainer logs (``on_log``), already a Python float, so no extra sync.
+* **Checkpoint loads** (``resume_from_checkpoint``) happen before any callback runs: at
+  ``on_init_end`` the callback wraps the Trainer's weight and optimizer-state loads on that
+  instance, and times each as a load.
 * **Checkpoint saves**: ``DefaultFlowCallback`` decides ``control.should_save`` before this
   callback's ``on_step_end``; the save starts right after that hook (or after ``on_evaluate``
-  when the step also evaluates) and ends at ``on_save``. Loads (``resume_from_checkpoint``) happen
-  before any callback runs and are not timed; the step counter continues from the resumed step.
+  when the step also evaluates) and ends at ``on_save``.
 * **FLOPs** from ``model.config``; without ``seq_len`` the tracker starts at the first batch.
 * **Parallel layout** from ``args.parallelism_config`` (accelerate's ``ParallelismConfig``: tensor,
   context and sequence parallel sizes) or the model's own tensor-parallel size (``tp_plan``);
@@ -32,6 +34,7 @@ Hugging Face callbacks see neither the batch nor the start of evaluation or of a
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -72,6 +75,7 @@ class Babysitter(TrainerCallback):  # type: ignore[misc, unused-ignore]
         self._tokens_seen: int | None = None  # state.num_input_tokens_seen at the last step
         self._tokens_carry = 0
         self._ordered = False
+        self._load_warned = False
         self._hook: Any = None
         self._model: Any = None
         self._args: Any = None
@@ -86,8 +90,47 @@ class Babysitter(TrainerCallback):  # type: ignore[misc, unused-ignore]
 
     # ------------------------------------------------------------------ lifecycle
 
-    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self._run_before_integrations()
+        self._args, self._model = args, model
+        trainer = _calling_trainer()
+        if trainer is not None:
+            self._wrap_loads(trainer)
+
+    def _wrap_loads(self, trainer: Any) -> None:
+        """Time a resume's loads: ``Trainer.train(resume_from_checkpoint=...)`` reads the weights
+        (``_load_from_checkpoint``) and the optimizer and scheduler state
+        (``_load_optimizer_and_scheduler``) before any callback runs, so both are wrapped on this
+        Trainer instance; each is one timed load. The tracker starts at the first load when it can
+        (``seq_len`` known or FLOPs not from a config), else the loads are not timed (logged once)."""
+        for name in ("_load_from_checkpoint", "_load_optimizer_and_scheduler"):
+            original = getattr(trainer, name, None)
+            if original is None or getattr(original, "_babysitter", False):
+                continue
+            wrapper = functools.partial(self._timed_load, original)
+            wrapper._babysitter = True  # type: ignore[attr-defined]
+            setattr(trainer, name, wrapper)
+
+    def _timed_load(self, load: Any, checkpoint: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker = self.core.tracker
+        if tracker is None and checkpoint is not None:
+            try:
+                if self.core.needs_seq_len(self._model):
+                    if not self._load_warned:
+                        self._load_warned = True
+                        log.warning(
+                            "babysitter: the resume's checkpoint load is not timed: the tracker starts at "
+                            "the first batch (pass seq_len= to time it)"
+                        )
+                else:
+                    self._start(None)
+                    tracker = self.core.tracker
+            except Exception as exc:
+                log.warning("babysitter: could not start tracking before the checkpoint load: %r", exc)
+        if tracker is None or checkpoint is None:
+            return load(checkpoint, *args, **kwargs)
+        with tracker.checkpoint_load(step=_checkpoint_step(checkpoint), path=str(checkpoint)):
+            return load(checkpoint, *args, **kwargs)
 
     def _run_before_integrations(self) -> None:
         """Move this callback right after ``DefaultFlowCallback`` in the handler calling it, so the
@@ -222,6 +265,32 @@ class Babysitter(TrainerCallback):  # type: ignore[misc, unused-ignore]
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.core.save_end(_checkpoint_dir(args, state))
         self._ready = time.perf_counter()
+
+
+def _calling_trainer() -> Any:
+    """The ``transformers.Trainer`` whose ``__init__`` is calling ``on_init_end`` (a few frames up)."""
+    from transformers import Trainer
+
+    frame: Any = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, Trainer):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def _checkpoint_step(checkpoint: Any) -> int | None:
+    """N of a ``checkpoint-N`` directory (the Trainer's naming); None for another name."""
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    name = os.path.basename(os.path.normpath(str(checkpoint)))
+    prefix = f"{PREFIX_CHECKPOINT_DIR}-"
+    if name.startswith(prefix) and name[len(prefix) :].isdigit():
+        return int(name[len(prefix) :])
+    return None
 
 
 def _counts_tokens(args: Any) -> bool:
