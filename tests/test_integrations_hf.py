@@ -17,6 +17,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from babysitter import flops
 from babysitter.catalog import train as T
+from babysitter.integrations import _logged
 from babysitter.integrations.hf import Babysitter
 from babysitter.ledger.writer import ENV_FLUSH
 from integ_helpers import TOKEN_BATCH, random_token_batches, sample_value, tiny_gpt2
@@ -149,6 +150,7 @@ def test_report_to_integrations_see_mfu_tokens_per_second_goodput_and_data_wait(
     import transformers.trainer
 
     monkeypatch.setenv(ENV_FLUSH, "0.02")  # the ledger books steps every 20 ms (5 s by default)
+    monkeypatch.setattr(_logged, "GOODPUT_REFRESH_SECONDS", 0.0)  # refresh at every housekeeping pass
     recorder = _Recorder()
     monkeypatch.setattr(
         transformers.trainer, "get_reporting_integration_callbacks", lambda report_to: [recorder]

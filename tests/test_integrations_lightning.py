@@ -16,6 +16,7 @@ import lightning as L
 
 from babysitter import flops
 from babysitter.catalog import train as T
+from babysitter.integrations import _logged
 from babysitter.integrations.lightning import Babysitter
 from babysitter.ledger.writer import ENV_FLUSH
 from integ_helpers import TOKEN_BATCH, random_token_batches, sample_value, tiny_gpt2, token_loader
@@ -229,6 +230,7 @@ def test_trainer_loggers_get_throughput_mfu_data_wait_and_goodput_at_log_every_n
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(ENV_FLUSH, "0.02")  # the ledger books steps every 20 ms (5 s by default)
+    monkeypatch.setattr(_logged, "GOODPUT_REFRESH_SECONDS", 0.0)  # refresh at every housekeeping pass
     callback = Babysitter(
         run="lit-log",
         flush_interval=0.05,
