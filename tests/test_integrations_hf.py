@@ -251,3 +251,24 @@ def test_resume_times_the_loads_and_continues_the_step_count(tmp_path: Path) -> 
     records = [json.loads(line) for line in next((tmp_path / "run").glob("*.jsonl")).open()]
     loads = [r for r in records if r["k"] == "cke" and r["op"] == "load"]
     assert [(r["step"], r["ok"]) for r in loads] == [(4, True), (4, True)]
+
+
+def test_the_callback_runs_right_after_the_flow_callback_and_before_report_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trainer.__init__ lists DefaultFlowCallback, then report_to's integrations, then callbacks=."""
+    import transformers.trainer
+    from transformers.trainer_callback import DefaultFlowCallback
+
+    recorder = _Recorder()
+    monkeypatch.setattr(
+        transformers.trainer, "get_reporting_integration_callbacks", lambda report_to: [recorder]
+    )
+    callback = Babysitter(run="hf-order", port=-1, hang_timeout=None, straggler_every=None)
+    trainer = Trainer(model=tiny_gpt2(), args=_args(tmp_path), train_dataset=Rows(1), callbacks=[callback])
+    order = trainer.callback_handler.callbacks
+    assert isinstance(order[0], DefaultFlowCallback)
+    assert order[1] is callback and order.index(recorder) > 1
+    quiet = Babysitter(run="hf-quiet", port=-1, log_values=False, hang_timeout=None, straggler_every=None)
+    other = Trainer(model=tiny_gpt2(), args=_args(tmp_path), train_dataset=Rows(1), callbacks=[quiet])
+    assert other.callback_handler.callbacks.index(quiet) > other.callback_handler.callbacks.index(recorder)

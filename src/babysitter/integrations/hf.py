@@ -74,7 +74,7 @@ class Babysitter(TrainerCallback):  # type: ignore[misc, unused-ignore]
         self._ready = 0.0  # end of the previous step's hooks: from here to on_step_begin is data wait
         self._tokens_seen: int | None = None  # state.num_input_tokens_seen at the last step
         self._tokens_carry = 0
-        self._ordered = False
+        self._handler_warned = False
         self._load_warned = False
         self._hook: Any = None
         self._model: Any = None
@@ -137,30 +137,36 @@ class Babysitter(TrainerCallback):  # type: ignore[misc, unused-ignore]
         ``report_to`` integrations (listed before user callbacks) see the values added in ``on_log``.
 
         The handler is the caller's ``self`` (``CallbackHandler.call_event``): callbacks get no
-        reference to it. Moving an element to an earlier index while the handler iterates leaves
-        every later element where it was, so no callback is skipped or called twice.
+        reference to it. The callback only ever moves to an earlier index, which leaves every later
+        element where it was while the handler iterates: no callback is skipped or called twice.
         """
-        if self._ordered or not self.log_values:
+        if not self.log_values:
             return
-        self._ordered = True
         try:
             frame: Any = sys._getframe(1)
             for _ in range(4):
-                handler = frame.f_locals.get("self") if frame is not None else None
-                if isinstance(handler, CallbackHandler):
+                if frame is None:
+                    break
+                handler = frame.f_locals.get("self")
+                if isinstance(handler, CallbackHandler) and self in handler.callbacks:
                     callbacks = handler.callbacks
-                    if self in callbacks:
-                        callbacks.remove(self)
-                        flow = [i for i, c in enumerate(callbacks) if isinstance(c, DefaultFlowCallback)]
-                        callbacks.insert(flow[-1] + 1 if flow else 0, self)
-                        return
-                frame = frame.f_back if frame is not None else None
+                    here = callbacks.index(self)
+                    flow = [
+                        i for i, c in enumerate(callbacks) if isinstance(c, DefaultFlowCallback) and i < here
+                    ]
+                    target = flow[-1] + 1 if flow else 0
+                    if target < here:
+                        callbacks.insert(target, callbacks.pop(here))
+                    return
+                frame = frame.f_back
         except Exception as exc:  # ordering is a convenience: never fail the Trainer for it
             log.warning("babysitter: could not order the Hugging Face callback before report_to: %r", exc)
             return
-        log.warning(
-            "babysitter: no CallbackHandler found; report_to integrations may not see babysitter's logs"
-        )
+        if not self._handler_warned:
+            self._handler_warned = True
+            log.warning(
+                "babysitter: no CallbackHandler calls this callback; report_to may not see its values"
+            )
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self._run_before_integrations()  # added with trainer.add_callback() after __init__
