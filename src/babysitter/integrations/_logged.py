@@ -2,9 +2,9 @@
 
 Values come from the tracker's snapshot (what a scrape reads: no device sync) at the framework's
 logging cadence, so a run's MFU and goodput show up next to its loss where the team already looks.
-Goodput runs the ledger's accounting (75 ms once over 15,000 steps younger than its 60 s settle
-time, measured on the shared 2-core VM: its cost grows with the steps of the last minute), so
-the training thread never computes it: the housekeeping thread refreshes it, at most every
+Goodput runs the ledger's accounting, whose cost grows with the steps younger than its settle time
+(16-29 ms with 15,000 of them, ``benchmarks/results/logged.md``), so the training thread never
+computes it: the housekeeping thread refreshes it, at most every
 :data:`GOODPUT_REFRESH_SECONDS` and only while someone logs, and the training thread reads the last
 value.
 """
