@@ -16,8 +16,10 @@ import lightning as L
 
 from babysitter import flops
 from babysitter.catalog import train as T
+from babysitter.integrations import _logged
 from babysitter.integrations.lightning import Babysitter
-from integ_helpers import TOKEN_BATCH, sample_value, tiny_gpt2, token_loader
+from babysitter.ledger.writer import ENV_FLUSH
+from integ_helpers import TOKEN_BATCH, random_token_batches, sample_value, tiny_gpt2, token_loader
 
 PEAK = 1e12
 
@@ -181,3 +183,131 @@ def test_slow_loader_shows_as_data_wait(tmp_path: Path) -> None:
     # and is not measured, so at least 7 batches' worth of sleeping shows up.
     assert wait is not None
     assert wait >= 7 * TOKEN_BATCH[0] * delay * 0.9
+
+
+class _Capture(L.pytorch.loggers.Logger):
+    """A Lightning logger that keeps what it is given, as W&B or TensorBoard would receive it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int | None, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "capture"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.rows.append((step, dict(metrics)))
+
+
+def _fit_logged(tmp_path: Path, callback: Babysitter, module: L.LightningModule, loader: Any) -> _Capture:
+    capture = _Capture()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=4,
+        accumulate_grad_batches=2,
+        log_every_n_steps=2,
+        logger=capture,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[callback],
+        limit_val_batches=0,
+    )
+    trainer.fit(module, train_dataloaders=loader)
+    return capture
+
+
+def test_trainer_loggers_get_throughput_mfu_data_wait_and_goodput_at_log_every_n_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_FLUSH, "0.02")  # the ledger books steps every 20 ms (5 s by default)
+    monkeypatch.setattr(_logged, "GOODPUT_REFRESH_SECONDS", 0.0)  # refresh at every housekeeping pass
+    callback = Babysitter(
+        run="lit-log",
+        flush_interval=0.05,
+        port=-1,
+        peak_flops=PEAK,
+        run_dir=tmp_path / "run",
+        hang_timeout=None,
+        straggler_every=None,
+    )
+    capture = _fit_logged(tmp_path, callback, LitGPT(), token_loader(8))
+    ours = [(step, row) for step, row in capture.rows if any(k.startswith("babysitter/") for k in row)]
+    assert [step for step, _ in ours] == [2, 4]  # log_every_n_steps=2 over 4 optimizer steps
+    per_token = flops.estimate(tiny_gpt2().config, seq_len=TOKEN_BATCH[1]).model
+    for _, row in ours:
+        values = {k.removeprefix("babysitter/"): v for k, v in row.items() if k.startswith("babysitter/")}
+        assert set(values) - {"goodput"} == {"tokens_per_second", "mfu", "hfu", "data_wait_fraction"}
+        assert all(isinstance(v, float) for v in values.values())  # plain floats: no tensor, no sync
+        assert values["tokens_per_second"] > 0
+        assert values["mfu"] == pytest.approx(values["tokens_per_second"] * per_token / PEAK)
+        assert values["hfu"] == pytest.approx(values["mfu"])  # no recomputation declared
+        assert 0.0 <= values["data_wait_fraction"] <= 1.0
+        assert 0.0 <= values.get("goodput", 0.0) <= 1.0  # once the ledger is read
+    # the ledger's view, refreshed by housekeeping (every 50 ms here): by the last log it booked steps
+    assert ours[-1][1]["babysitter/goodput"] > 0
+
+
+class _LitWithFlops(LitGPT):
+    """ThroughputMonitor's convention: FLOPs of one micro-batch, forward and backward."""
+
+    flops_per_batch = 3.0e9
+
+
+def _padded_loader() -> torch.utils.data.DataLoader[Any]:
+    """8 batches whose attention masks zero the last ``i % 4`` positions of row ``i`` (CPU tensors)."""
+    rows = []
+    for batch in random_token_batches(8):
+        for i in range(TOKEN_BATCH[0]):
+            mask = torch.ones(TOKEN_BATCH[1], dtype=torch.long)
+            if i % 4:
+                mask[-(i % 4) :] = 0
+            rows.append(
+                {"input_ids": batch["input_ids"][i], "attention_mask": mask, "labels": batch["labels"][i]}
+            )
+    return torch.utils.data.DataLoader(rows, batch_size=TOKEN_BATCH[0])  # type: ignore[arg-type]
+
+
+def test_flops_per_batch_and_non_padding_tokens(tmp_path: Path) -> None:
+    """``flops_per_batch`` wins over the config; ``count_tokens="non_padding"`` sums CPU masks."""
+    callback = Babysitter(
+        run="lit-pad",
+        port=-1,
+        peak_flops=PEAK,
+        hang_timeout=None,
+        straggler_every=None,
+        count_tokens="non_padding",
+    )
+    capture = _fit_logged(tmp_path, callback, _LitWithFlops(), _padded_loader())
+    reg = callback.tracker.registry  # type: ignore[union-attr]
+    b, t = TOKEN_BATCH
+    padding = sum(i % 4 for i in range(b))  # per batch
+    tokens = 8 * (b * t - padding)
+    assert sample_value(reg, T.TOKENS.name) == tokens
+    # FLOPs per token = the batch's FLOPs over its shape's tokens; padding is not useful work
+    assert sample_value(reg, T.MODEL_FLOPS.name) == pytest.approx(
+        tokens * _LitWithFlops.flops_per_batch / (b * t)
+    )
+    assert any("babysitter/mfu" in row for _, row in capture.rows)
+
+
+def test_count_tokens_is_checked_and_a_device_mask_needs_the_sync_opt_in() -> None:
+    from babysitter.integrations._core import non_padding_tokens
+
+    with pytest.raises(ValueError, match="count_tokens"):
+        Babysitter(count_tokens="nonpad")
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[0, -3:] = 0
+    assert non_padding_tokens({"attention_mask": mask}, sync=False) == 13
+    on_device = torch.ones(2, 8, dtype=torch.long, device="meta")  # stands in for an accelerator
+    assert non_padding_tokens({"attention_mask": on_device}, sync=False) is None
+    assert non_padding_tokens({"input_ids": mask}, sync=True) is None

@@ -172,3 +172,50 @@ def test_collector_down_or_refusing_is_counted_never_raised() -> None:
 def test_bad_endpoint_fails_at_setup() -> None:
     with pytest.raises(ValueError, match="OTLP endpoint"):
         babysitter.watch(run="otlp4", port=-1, otlp_endpoint="collector:4318")
+
+
+def test_units_are_the_catalogs_in_ucum_and_the_resource_names_the_rank(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenTelemetry conventions: UCUM units from the catalog, service.instance.id and host.name."""
+    import socket
+
+    from babysitter import catalog
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    tracker = babysitter.watch(
+        run="otlp-units", port=-1, peak_flops=1e12, flops_per_token=100.0, hang_timeout=None
+    )
+    try:
+        for _ in range(3):
+            tracker.step(tokens=64, samples=2)
+        with tracker.checkpoint_save(step=3, nbytes=10):
+            pass
+        assert OtlpPusher(tracker, receiver.url, interval=3600).push()
+    finally:
+        tracker.close()
+    request = receiver.requests[-1]
+    units = {m.name: m.unit for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert units[T.TOKENS.name] == "{token}"
+    assert units[T.STEPS.name] == "{step}"
+    assert units[T.DATA_WAIT.name] == "s"
+    assert units[T.CKPT_BYTES.name] == "By"
+    assert units[T.PEAK_FLOPS.name] == "{flop}/s"
+    assert units[T.MODEL_FLOPS.name] == "{flop}"
+    assert units[T.STEP_DURATION.name + "_sum"] == "s"
+    assert units[T.STEP_DURATION.name + "_count"] == "1"
+    for name, unit in units.items():  # every metric the catalog lists carries the catalog's unit
+        if name.endswith("_count"):
+            continue
+        spec = catalog.by_name(
+            name.removesuffix("_sum") if name not in units or name.endswith("_sum") else name
+        )
+        assert unit == spec.ucum, name
+    resource = {a.key: a.value.string_value for a in request.resource_metrics[0].resource.attributes}
+    assert resource["service.name"] == "babysitter"
+    assert resource["service.instance.id"] == "otlp-units/3"
+    assert resource["host.name"] == socket.gethostname()
+    assert resource["babysitter.run"] == "otlp-units" and resource["babysitter.rank"] == "3"
+    assert resource["service.version"] == babysitter.__version__

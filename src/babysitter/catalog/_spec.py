@@ -26,6 +26,18 @@ Source = Literal["tracker", "node", "probe", "self", "remediate"]
 #: Which training ranks export a tracker metric: every rank, or rank 0 alone (the run's view).
 Ranks = Literal["all", "rank0"]
 
+#: The catalog's units as UCUM, the unit syntax OpenTelemetry instruments carry.
+_UCUM = {
+    "seconds": "s",
+    "bytes": "By",
+    "ratio": "1",
+    "flops": "{flop}",
+    "watts": "W",
+    "joules": "J",
+    "celsius": "Cel",
+    "hertz": "Hz",
+}
+
 
 @dataclass(frozen=True)
 class MetricSpec:
@@ -35,7 +47,8 @@ class MetricSpec:
     ``_info``); histograms expose ``name_bucket``/``name_sum``/``name_count``, summaries
     ``name{quantile}`` (for each of ``quantiles``, where they are computed) and ``name_sum``/``name_count``.
     ``ranks`` says which training ranks export a tracker metric (the series budget's main lever:
-    per-rank series are multiplied by the GPU count, rank 0's are not).
+    per-rank series are multiplied by the GPU count, rank 0's are not). ``counts`` names what a
+    unitless count counts (``token``), for its UCUM unit ``{token}``.
     """
 
     name: str
@@ -47,8 +60,13 @@ class MetricSpec:
     buckets: tuple[float, ...] = field(default=())
     quantiles: tuple[float, ...] = field(default=())
     ranks: Ranks = "all"
+    counts: str = ""
 
     def __post_init__(self) -> None:
+        if self.unit and self.unit not in _UCUM:
+            raise ValueError(f"unit {self.unit!r} of {self.name!r} has no UCUM form; add it to _UCUM")
+        if self.counts and self.unit:
+            raise ValueError(f"{self.name!r} has a unit; counts= is for unitless counts")
         if self.kind == "counter" and not self.name.endswith("_total"):
             raise ValueError(f"counter {self.name!r} must end in _total")
         if self.kind == "info" and not self.name.endswith("_info"):
@@ -61,6 +79,12 @@ class MetricSpec:
             raise ValueError(f"quantiles of {self.name!r} must lie strictly between 0 and 1")
         if self.unit == "ratio" and not self.name.endswith("_ratio"):
             raise ValueError(f"ratio metric {self.name!r} must end in _ratio")
+
+    @property
+    def ucum(self) -> str:
+        """The unit in UCUM, as OpenTelemetry expects it: ``s``, ``By``, ``1``, ``{token}``, ``{flop}/s``."""
+        unit = _UCUM[self.unit] if self.unit else (f"{{{self.counts}}}" if self.counts else "1")
+        return f"{unit}/s" if self.name.endswith("_per_second") else unit
 
     @property
     def base_name(self) -> str:

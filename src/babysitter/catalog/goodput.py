@@ -69,6 +69,7 @@ RESTARTS = MetricSpec(
     "",
     "Incarnations of this run after the first (restarts).",
     ranks="rank0",
+    counts="restart",
 )
 
 # The checkpoint-interval advisor (ledger/advisor.py), from the same ledger: see docs/checkpoint-interval.md.

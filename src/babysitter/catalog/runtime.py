@@ -22,6 +22,7 @@ HANGS = MetricSpec(
     "",
     "Hangs the in-process watchdog detected: no step finished for longer than the hang threshold "
     "(checkpoints and marked phases excluded). One per episode.",
+    counts="hang",
 )
 HANG_THRESHOLD = MetricSpec(
     "train_hang_threshold_seconds",

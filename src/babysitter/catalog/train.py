@@ -58,13 +58,16 @@ GPU_INFO_LABELS = ("uuid", "pci_bus_id")
 STEP_QUANTILES = (0.5, 0.9)
 STEP_QUANTILE_STEPS = 256
 
-STEPS = MetricSpec("train_steps_total", "counter", "", "Optimizer steps completed by this process.")
+STEPS = MetricSpec(
+    "train_steps_total", "counter", "", "Optimizer steps completed by this process.", counts="step"
+)
 STEP = MetricSpec(
     "train_step",
     "gauge",
     "",
     "Current global step (as passed to or counted by the tracker).",
     ranks="rank0",
+    counts="step",
 )
 STEP_DURATION = MetricSpec(
     "train_step_duration_seconds",
@@ -87,6 +90,7 @@ TOKENS = MetricSpec(
     "",
     "This rank's share of its data-parallel replica's tokens (replica tokens / (tp x pp x cp)): "
     "the sum over ranks is the job's tokens.",
+    counts="token",
 )
 SAMPLES = MetricSpec(
     "train_samples_total",
@@ -94,6 +98,7 @@ SAMPLES = MetricSpec(
     "",
     "This rank's share of its data-parallel replica's samples (sequences), shared as the tokens are "
     "(exported once the tracker counted any).",
+    counts="sample",
 )
 MODEL_FLOPS = MetricSpec(
     "train_model_flops_total",

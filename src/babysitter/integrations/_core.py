@@ -18,12 +18,16 @@ from babysitter.training.straggler import StragglerMonitor
 from babysitter.training.tracker import Tracker
 from babysitter.training.watch import watch
 
-__all__ = ["CallbackCore", "batch_counts", "find_config_owner"]
+__all__ = ["TOKEN_COUNTS", "CallbackCore", "batch_counts", "find_config_owner", "non_padding_tokens"]
 
 log = logging.getLogger("babysitter")
 
 _TOKEN_KEYS = ("input_ids", "attention_mask", "labels", "decoder_input_ids")
 _UNSET: Any = object()
+#: How a callback counts tokens: ``all`` (shapes, padding included, free), ``non_padding`` (the
+#: attention mask's sum when the mask is on the CPU, else all tokens), ``non_padding_sync`` (the
+#: mask's sum wherever it is: on an accelerator one device sync per micro-batch).
+TOKEN_COUNTS = ("all", "non_padding", "non_padding_sync")
 
 
 def batch_counts(batch: object) -> tuple[int | None, int | None, int | None]:
@@ -51,6 +55,22 @@ def batch_counts(batch: object) -> tuple[int | None, int | None, int | None]:
         return int(value.numel()), int(shape[0]), int(shape[-1])
     except Exception:  # not a tensor: nothing to count
         return None, None, None
+
+
+def non_padding_tokens(batch: object, *, sync: bool) -> int | None:
+    """The ``attention_mask``'s sum of a dict batch: the tokens that are not padding.
+
+    A CPU mask is summed on the host (no device involved). A mask on an accelerator is summed only
+    with ``sync`` (reading the sum waits for the device); otherwise None, and the caller counts
+    all tokens.
+    """
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    try:
+        if mask is None or (mask.device.type != "cpu" and not sync):
+            return None
+        return int(mask.sum())
+    except Exception:  # not a tensor
+        return None
 
 
 def find_config_owner(model: object) -> object | None:
@@ -142,12 +162,14 @@ class CallbackCore:
         """Add host seconds of this rank's own work (no waiting for peers) to the current step."""
         self._work += seconds
 
-    def optimizer_step(self, step: int | None = None, loss: object = None) -> None:
-        """One optimizer step finished (after all its micro-batches)."""
+    def optimizer_step(self, step: int | None = None, loss: object = None, tokens: int | None = None) -> None:
+        """One optimizer step finished (after all its micro-batches); ``tokens`` replaces the count of
+        the micro-batches' shapes when the framework counted them itself."""
         tracker = self.tracker
         if tracker is None:
             return
-        tokens = self._pending_tokens if self._counts_known and self._pending_tokens else None
+        if tokens is None:
+            tokens = self._pending_tokens if self._counts_known and self._pending_tokens else None
         samples = self._pending_samples or None
         self._pending_tokens = self._pending_samples = 0
         self._counts_known = True

@@ -3,13 +3,20 @@
 What it reads, and where:
 
 * **Tokens and samples** from each training batch's shapes (``input_ids.numel()`` of a dict batch,
-  or the first integer tensor of a tuple) in ``on_train_batch_start``: metadata, no sync.
+  or the first integer tensor of a tuple) in ``on_train_batch_start``: metadata, no sync. With
+  ``count_tokens="non_padding"`` the attention mask's sum when the mask is on the CPU;
+  ``"non_padding_sync"`` sums it on the device too, at one device sync per micro-batch.
 * **Steps**: one ``tracker.step()`` per *optimizer* step: Lightning calls the batch hooks per
   micro-batch, so the callback steps when ``trainer.global_step`` moves (gradient accumulation and
   skipped optimizer steps are respected). The loss tensor is handed over detached and read later
   by the tracker, off the training thread.
-* **FLOPs** from the module's (or its first child's) Hugging Face style ``config``; without
+* **FLOPs** from ``pl_module.flops_per_batch`` when set (ThroughputMonitor's convention: FLOPs of
+  one micro-batch through the whole model, forward and backward), divided by the first batch's
+  tokens; else from the module's (or its first child's) Hugging Face style ``config``; without
   ``seq_len`` the tracker starts at the first batch, which gives the sequence length.
+* **The trainer's loggers** (W&B, TensorBoard, MLflow, CSV...) get tokens/s, MFU, HFU, data-wait
+  fraction and goodput from rank 0's tracker snapshot every ``log_every_n_steps``, under
+  ``log_prefix`` (``babysitter/mfu``...); plain floats, so logging adds no device sync.
 * **Precision** from ``trainer.precision`` for the peak FLOP/s lookup.
 * **Parallel layout** from the strategy's DeviceMesh (``ModelParallelStrategy``: its
   ``tensor_parallel`` ranks share each batch, so they share its tokens and FLOPs); ``parallelism=``
@@ -29,7 +36,8 @@ import logging
 import time
 from typing import Any
 
-from babysitter.integrations._core import CallbackCore, batch_counts
+from babysitter.integrations._core import TOKEN_COUNTS, CallbackCore, batch_counts, non_padding_tokens
+from babysitter.integrations._logged import LoggedValues
 from babysitter.training.tracker import Tracker
 
 try:
@@ -50,14 +58,34 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
     Args:
         straggler_every: steps between straggler score exchanges (None: off); only under
             torch.distributed with more than one rank.
+        log_prefix: prefix of the keys logged to the trainer's loggers (``babysitter/mfu``...);
+            None logs nothing there.
+        count_tokens: ``"all"`` (padding included, from shapes), ``"non_padding"`` (the attention
+            mask's sum when it is on the CPU, else all) or ``"non_padding_sync"`` (the mask's sum
+            anywhere: one device sync per micro-batch on an accelerator).
         **watch_kwargs: anything :func:`babysitter.watch` takes except ``model`` (``run``,
             ``seq_len``, ``peak_flops``, ``run_dir``, ``port``, ``labels``, ``hang_timeout``,
             ``parallelism`` to override the layout read from the strategy...).
     """
 
-    def __init__(self, *, straggler_every: int | None = 100, **watch_kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        straggler_every: int | None = 100,
+        log_prefix: str | None = "babysitter/",
+        count_tokens: str = "all",
+        **watch_kwargs: Any,
+    ) -> None:
         super().__init__()
+        if count_tokens not in TOKEN_COUNTS:
+            raise ValueError(f"count_tokens must be one of {TOKEN_COUNTS}, got {count_tokens!r}")
+        if log_prefix is not None and not isinstance(log_prefix, str):
+            raise ValueError(f"log_prefix must be a string or None, got {log_prefix!r}")
         self.core = CallbackCore(straggler_every=straggler_every, watch_kwargs=watch_kwargs)
+        self.log_prefix = log_prefix
+        self.count_tokens = count_tokens
+        self._logged: LoggedValues | None = None
+        self._fallback_logged = False
         self._last_global_step: int | None = None
         self._trainer: Any = None
         self._batch_t0 = 0.0
@@ -79,13 +107,23 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
             return
         self._trainer = trainer
         self._wrap_checkpointing(trainer)
-        if not self.core.needs_seq_len(pl_module):
-            self._start(trainer, pl_module, None)
+        if not self.core.needs_seq_len(pl_module) and _flops_per_batch(pl_module) is None:
+            self._start(trainer, pl_module, None, None)
 
-    def _start(self, trainer: Any, pl_module: Any, seq_len: int | None) -> None:
-        tracker = self.core.ensure(pl_module, seq_len, **_defaults(trainer))
+    def _start(self, trainer: Any, pl_module: Any, seq_len: int | None, tokens: int | None) -> None:
+        defaults = _defaults(trainer)
+        per_batch = _flops_per_batch(pl_module)
+        if per_batch is not None and self.core.watch_kwargs.get("flops_per_token") is None:
+            if tokens:
+                # The batch's FLOPs include its padding, so per token of the shapes (not of the mask).
+                defaults["flops_per_token"] = per_batch / tokens
+            else:
+                log.warning("babysitter: flops_per_batch is set but the batch's tokens are unknown; ignored")
+        tracker = self.core.ensure(pl_module, seq_len, **defaults)
         self._host_timed = tracker is not None and tracker.config.timing == "cpu"
         self._last_global_step = int(trainer.global_step)
+        if tracker is not None and self.log_prefix is not None and self._logged is None:
+            self._logged = LoggedValues(tracker)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":
@@ -96,7 +134,18 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         tokens, samples, seq_len = batch_counts(batch)
         if self.core.tracker is None:
-            self._start(trainer, pl_module, seq_len)
+            self._start(trainer, pl_module, seq_len, tokens)
+        if self.count_tokens != "all":
+            counted = non_padding_tokens(batch, sync=self.count_tokens == "non_padding_sync")
+            if counted is not None:
+                tokens = counted
+            elif not self._fallback_logged:
+                self._fallback_logged = True
+                log.warning(
+                    "babysitter: count_tokens=%r: no CPU attention_mask in the batch; counting all tokens "
+                    "(count_tokens='non_padding_sync' sums a device mask at one sync per micro-batch)",
+                    self.count_tokens,
+                )
         self.core.micro_batch(tokens, samples)
         self._batch_t0 = time.perf_counter()
         tracker = self.core.tracker
@@ -122,6 +171,38 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         detach = getattr(loss, "detach", None)
         self.core.optimizer_step(step=step, loss=detach() if callable(detach) else loss)
+        if self._logged is not None and trainer.is_global_zero:
+            self._log(trainer)
+
+    def _log(self, trainer: Any) -> None:
+        """Hand rank 0's values to the trainer's loggers at their cadence (as ThroughputMonitor does)."""
+        try:
+            connector = getattr(trainer, "_logger_connector", None)
+            if not trainer.loggers:
+                return
+            if connector is not None:
+                if not connector.should_update_logs:
+                    return
+            elif trainer.log_every_n_steps <= 0 or trainer.global_step % trainer.log_every_n_steps:
+                return
+            assert self._logged is not None
+            metrics = {f"{self.log_prefix}{k}": v for k, v in self._logged.values().items()}
+            if not metrics:
+                return
+            # The step Lightning's own logs of this batch carry (it counts after this hook).
+            step = (
+                int(getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step - 1))
+                + 1
+            )
+            if connector is not None:
+                connector.log_metrics(metrics, step=step)
+            else:
+                for logger in trainer.loggers:
+                    logger.log_metrics(metrics, step=step)
+        except Exception as exc:  # a logger's failure must not stop training
+            tracker = self.core.tracker
+            if tracker is not None:
+                tracker.errors.record("lightning_log", exc)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -171,6 +252,17 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
             return checkpoint
 
         strategy.load_checkpoint = load_checkpoint
+
+
+def _flops_per_batch(pl_module: Any) -> float | None:
+    """``pl_module.flops_per_batch`` (ThroughputMonitor's attribute) when it is a positive number."""
+    try:
+        value = getattr(pl_module, "flops_per_batch", None)
+    except Exception:  # a property that raises: not set
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return None
+    return float(value)
 
 
 def _defaults(trainer: Any) -> dict[str, Any]:

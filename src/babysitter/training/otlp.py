@@ -7,7 +7,10 @@ gauges and info metrics (value 1) to gauges, histograms to explicit-bucket histo
 to cumulative ``_sum``/``_count`` sums plus a gauge per quantile (the Python SDK has no summary
 type) - then sends
 them with opentelemetry-sdk's OTLP/HTTP exporter (protobuf). One path renders both exports, so they
-cannot drift apart.
+cannot drift apart. Names are the catalog's (what ``docs/metrics.md`` lists), units the catalog's in
+UCUM (``s``, ``By``, ``1``, ``{token}``, ``{flop}/s``), and the resource says which process sent
+them: ``service.instance.id`` (``<run>/<rank>``: stable across restarts, so a backend's ``instance``
+label does not churn), ``host.name``, ``babysitter.run`` and ``babysitter.rank``.
 
 Pushes run on their own daemon thread, never on the training or housekeeping thread: a slow or
 absent Collector delays only the next push. Failures are counted in
@@ -18,16 +21,18 @@ absent Collector delays only the next push. Failures are counted in
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from babysitter import catalog
 from babysitter._version import __version__
 from babysitter.training.tracker import Tracker
 
-__all__ = ["OtlpPusher", "families_to_metrics_data"]
+__all__ = ["OtlpPusher", "families_to_metrics_data", "resource_attributes"]
 
 log = logging.getLogger("babysitter")
 
@@ -42,6 +47,28 @@ def _endpoint(url: str) -> str:
     if parsed.path.rstrip("/").endswith("/v1/metrics"):
         return url
     return url.rstrip("/") + "/v1/metrics"
+
+
+def _unit(family: Any) -> str:
+    """The family's catalog unit in UCUM; "" for a family the catalog does not list."""
+    for name in (family.name, family.name + "_total", family.name + "_info"):
+        try:
+            return catalog.by_name(name).ucum
+        except KeyError:
+            continue
+    return ""
+
+
+def resource_attributes(run: str, rank: int, host: str | None = None) -> dict[str, str]:
+    """The OTLP resource of one training rank (OpenTelemetry's service and host conventions)."""
+    return {
+        "service.name": "babysitter",
+        "service.version": __version__,
+        "service.instance.id": f"{run}/{rank}",
+        "host.name": host if host is not None else socket.gethostname(),
+        "babysitter.run": run,
+        "babysitter.rank": str(rank),
+    }
 
 
 def families_to_metrics_data(
@@ -70,8 +97,9 @@ def families_to_metrics_data(
     cumulative = AggregationTemporality.CUMULATIVE
     metrics: list[Any] = []
     for family in families:
+        unit = _unit(family)
         if family.type == "histogram":
-            metrics.append(_histogram(family, t_start, t_now))
+            metrics.append(_histogram(family, t_start, t_now, unit))
             continue
         by_name: dict[str, list[Any]] = {}
         for sample in family.samples:
@@ -90,7 +118,9 @@ def families_to_metrics_data(
                 data: Any = Sum(data_points=points, aggregation_temporality=cumulative, is_monotonic=True)
             else:
                 data = Gauge(data_points=points)
-            metrics.append(Metric(name=name, description=family.documentation, unit="", data=data))
+            # A summary's _count counts observations; its _sum and quantiles have the family's unit.
+            sample_unit = "1" if family.type == "summary" and name.endswith("_count") else unit
+            metrics.append(Metric(name=name, description=family.documentation, unit=sample_unit, data=data))
     scope = ScopeMetrics(scope=InstrumentationScope(_SCOPE, __version__), metrics=metrics, schema_url="")
     attrs = {"service.name": "babysitter", **(resource or {})}
     return MetricsData(
@@ -100,7 +130,7 @@ def families_to_metrics_data(
     )
 
 
-def _histogram(family: Any, t_start: int, t_now: int) -> Any:
+def _histogram(family: Any, t_start: int, t_now: int, unit: str) -> Any:
     from opentelemetry.sdk.metrics.export import AggregationTemporality, Histogram, HistogramDataPoint, Metric
 
     series: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
@@ -139,7 +169,7 @@ def _histogram(family: Any, t_start: int, t_now: int) -> Any:
             )
         )
     data = Histogram(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE)
-    return Metric(name=family.name, description=family.documentation, unit="", data=data)
+    return Metric(name=family.name, description=family.documentation, unit=unit, data=data)
 
 
 class OtlpPusher:
@@ -186,7 +216,7 @@ class OtlpPusher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         cfg = tracker.config
-        self._resource = {"babysitter.run": cfg.run, "babysitter.rank": str(cfg.rank.rank)}
+        self._resource = resource_attributes(cfg.run, cfg.rank.rank)
 
     def start(self) -> OtlpPusher:
         """Start the push thread; the tracker's close pushes once more and stops it."""

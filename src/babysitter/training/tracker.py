@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from babysitter._version import __version__
+from babysitter.catalog import goodput as G
 from babysitter.catalog import train as T
 from babysitter.ledger.records import MAX_INT as _MAX_STEP
 from babysitter.training.config import TrackerConfig
@@ -615,6 +616,17 @@ class Tracker:
             except Exception as exc:
                 self.errors.record("metrics_source", exc)
         return families
+
+    def goodput(self) -> float | None:
+        """The run's goodput so far, as ``train_goodput_ratio`` shows it (rank 0 with a ledger);
+        None without a ledger or before it is read. Off the hot path: it runs the ledger's accounting."""
+        try:
+            for family in self._events.metrics((), (), time.time()):
+                if family.name == G.GOODPUT.name and family.samples:
+                    return float(family.samples[0].value)
+        except Exception as exc:
+            self.errors.record("ledger_metrics", exc)
+        return None
 
     # ------------------------------------------ extension points (watchdog, stragglers, exporters)
 
