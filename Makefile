@@ -64,7 +64,7 @@ generate-check: env
 	$(BIN)/babysitter generate --check
 
 pytest: env system-packages
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 test: lint typecheck generate-check pytest
 

@@ -71,7 +71,8 @@ def _variant_b(real: str) -> str:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrometheusServer, _Text, _Text]]:
     tmp = tmp_path_factory.mktemp("dcgm")
-    write(tmp / "gen", render(GenerateConfig()))
+    # The paging groups evaluate every 15 s in production; this Prometheus evaluates every second.
+    write(tmp / "gen", render(GenerateConfig(page_eval_interval="1s")))
     real = FIXTURE.read_text()
     assert XID_LINE_A in real
     a, b = _Text(real), _Text(_variant_b(real))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +227,15 @@ def _fit_logged(tmp_path: Path, callback: Babysitter, module: L.LightningModule,
     return capture
 
 
+class _SlowLitGPT(LitGPT):
+    """Micro-batches of 0.2 s: the ledger (every 20 ms) and housekeeping (every 50 ms) book the first
+    steps well before the last log, even on a loaded machine (the tiny model alone steps in ~10 ms)."""
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        time.sleep(0.2)
+        return super().training_step(batch, batch_idx)
+
+
 def test_trainer_loggers_get_throughput_mfu_data_wait_and_goodput_at_log_every_n_steps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -240,7 +250,7 @@ def test_trainer_loggers_get_throughput_mfu_data_wait_and_goodput_at_log_every_n
         hang_timeout=None,
         straggler_every=None,
     )
-    capture = _fit_logged(tmp_path, callback, LitGPT(), token_loader(8))
+    capture = _fit_logged(tmp_path, callback, _SlowLitGPT(), token_loader(8))
     ours = [(step, row) for step, row in capture.rows if any(k.startswith("babysitter/") for k in row)]
     assert [step for step, _ in ours] == [2, 4]  # log_every_n_steps=2 over 4 optimizer steps
     per_token = flops.estimate(tiny_gpt2().config, seq_len=TOKEN_BATCH[1]).model

@@ -20,7 +20,7 @@ SEQ, BATCH = 32, 8
 
 
 def test_promql_mfu_agrees_with_tracker_and_every_train_metric_is_exported(tmp_path: Path) -> None:
-    """rate(train_model_flops_total[1m]) / train_peak_flops_per_second matches train_mfu_ratio within 5%,
+    """rate(train_model_flops_total[20s]) / train_peak_flops_per_second matches train_mfu_ratio within 5%,
     and every train_* family of the catalog reaches Prometheus."""
     torch.manual_seed(0)
     cfg = TinyConfig()
@@ -38,7 +38,7 @@ def test_promql_mfu_agrees_with_tracker_and_every_train_metric_is_exported(tmp_p
         port=0,
         run_dir=tmp_path / "run",
         labels={"cluster": "test-cluster"},
-        mfu_window=60.0,
+        mfu_window=20.0,
         flush_interval=0.2,
     )
     assert tracker.metrics_url is not None
@@ -48,14 +48,14 @@ def test_promql_mfu_agrees_with_tracker_and_every_train_metric_is_exported(tmp_p
         with PrometheusServer(tmp_path, targets=[target], scrape_interval="1s") as prom:
             with tracker.checkpoint_load(step=0):
                 pass
-            # Train until Prometheus has scraped the target, then a full minute more, so that the
-            # [1m] window holds steady-state steps only (rate() extrapolates poorly over a series
+            # Train until Prometheus has scraped the target, then 23 s more, so that the
+            # [20s] window holds steady-state steps only (rate() extrapolates poorly over a series
             # younger than its window).
             for x, y in tracker.data(data):
                 tracker.step(loss=train_step(model, opt, x, y))
                 if tracker.steps % 10 == 0 and prom.query(f"{T.STEPS.name} > 0"):
                     break
-            deadline = time.monotonic() + 63
+            deadline = time.monotonic() + 23
             for x, y in tracker.data(data):
                 tracker.step(loss=train_step(model, opt, x, y))
                 if time.monotonic() > deadline:
@@ -67,7 +67,7 @@ def test_promql_mfu_agrees_with_tracker_and_every_train_metric_is_exported(tmp_p
                 ckpt.nbytes = 1000
             time.sleep(2.5)  # two more scrapes
             at = loop_end - 1.0
-            promql = prom.query_value(f"rate({T.MODEL_FLOPS.name}[1m]) / {T.PEAK_FLOPS.name}", at=at)
+            promql = prom.query_value(f"rate({T.MODEL_FLOPS.name}[20s]) / {T.PEAK_FLOPS.name}", at=at)
             tracker_mfu = prom.query_value(T.MFU.name, at=at)
             assert promql is not None and tracker_mfu is not None
             assert tracker_mfu > 0
@@ -78,7 +78,13 @@ def test_promql_mfu_agrees_with_tracker_and_every_train_metric_is_exported(tmp_p
 
             names = {r["metric"]["__name__"] for r in prom.query('{__name__=~"train_.*"}')}
             exported = {n.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum") for n in names}
-            expected = {spec.name for spec in (*T.METRICS, *G.METRICS) if spec.name.startswith("train_")}
+            # The checkpoint advice needs two saves and enough interruptions (or a cluster rate): this
+            # run has neither, so those three are absent here; test_advisor.py shows them exported.
+            advice = {G.CKPT_INTERVAL.name, G.CKPT_INTERVAL_RECOMMENDED.name, G.CKPT_EXPECTED_GOODPUT.name}
+            expected = {
+                spec.name for spec in (*T.METRICS, *G.METRICS) if spec.name.startswith("train_")
+            } - advice
+            assert not advice & exported, "advice without the data it needs"
             assert expected <= exported, sorted(expected - exported)
             labels = prom.query(T.STEPS.name)[0]["metric"]
             assert labels["run"] == "promql-mfu"
