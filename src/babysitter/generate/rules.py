@@ -15,9 +15,9 @@ from babysitter.catalog import probe as P
 from babysitter.catalog import storage as S
 from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig
-from babysitter.generate.promql import by, eq, growth, record_name, select
+from babysitter.generate.promql import by, eq, growth, record_name, regex, select
 
-__all__ = ["Records", "recording_groups", "recording_rules"]
+__all__ = ["LIKELY_CAUSES", "Records", "recording_groups", "recording_rules"]
 
 
 @dataclass(frozen=True)
@@ -174,6 +174,13 @@ class Records:
     def rank_gpu_xid_new(self) -> str:
         """Xid errors (all codes) new on each rank's GPU in the Xid window."""
         return record_name(["run", "rank"], N.GPU_XID_ERRORS.base_name, f"new{self.cfg.xid_window}")
+
+    @property
+    def likely_cause(self) -> str:
+        """1 per run, labeled with the likely cause of its slowdown (``likely_cause``, ``team``, and
+        ``likely_host`` where the cause sits on one host): what TrainingMfuDrop and TrainingStalled
+        carry. ``babysitter explain`` gives the full ranked answer."""
+        return record_name(["run"], T.MFU.name, "likely_cause")
 
     # --- roll-ups the scorecard and the cluster-wide panels read over days (never raw per-rank series)
 
@@ -407,6 +414,75 @@ def _rollup_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
     ]
 
 
+#: Causes the likely-cause rule names, the team each routes to, and the least share of time that counts.
+LIKELY_CAUSES = (
+    ("gpu_fault", "infra"),
+    ("gpu_throttling", "infra"),
+    ("straggler", "infra"),
+    ("data_wait", "training"),
+    ("checkpoint", "training"),
+    ("phase", "training"),
+)
+_LIKELY_MIN_SHARE = 0.05
+
+
+def _likely_cause_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
+    """A run's likely cause of a slowdown, in PromQL, so a page names it and routes to a team.
+
+    Each candidate is scored as the share of the run's time it costs now: a straggling rank
+    ``1 - 1/ratio`` (charged to throttling when its GPU throttles), data wait and blocking checkpoint
+    saves by their fraction of time above their median over the MFU baseline window, eval and marked
+    phases by the ledger's badput rate; a new Xid on one of the run's GPUs scores 1 (it outranks all).
+    The best candidate wins; a run with none gets ``unknown`` (team ``training``). Candidates under
+    5% of the time are noise.
+    """
+    ts = cfg.tracker_selector
+    run, rank = by(r.run_key), by(r.rank_key)
+    on_rank = f"on ({', '.join(r.rank_key)})"
+    base = cfg.mfu_baseline_window
+    m = _LIKELY_MIN_SHARE
+
+    def named(expr: str, cause: str, team: str) -> str:
+        inner = f'label_replace({expr}, "likely_cause", "{cause}", "", "")'
+        return f'label_replace({inner}, "team", "{team}", "", "")'
+
+    def host(expr: str) -> str:
+        relabeled = f'label_replace({expr}, "likely_host", "$1", "instance", "(.*)")'
+        return f"max {by((*r.run_key, 'likely_host'))} ({relabeled})"
+
+    teams = dict(LIKELY_CAUSES)
+    throttled = f"(max {rank} ({r.rank_gpu_throttle}) > 0)"
+    lost = f"(1 - 1 / ({r.rank_gpu_step_ratio} > {cfg.straggler_ratio:g}))"
+    ranks = f"count {run} ({r.rank_step_mean})"
+
+    def growth_over_median(rule: str, per: str = "") -> str:
+        return f"({rule} - quantile_over_time(0.5, {rule}[{base}])){per} > {m:g}"
+
+    phases = select(G.BADPUT_SECONDS, ts, regex("cause", ("eval", "phase")))
+    candidates = {
+        "gpu_fault": host(f"0 * ({r.rank_gpu_xid_new} > 0) + 1"),
+        "gpu_throttling": host(f"{lost} > {m:g} and {on_rank} {throttled}"),
+        "straggler": (
+            f"{host(f'{lost} > {m:g} unless {on_rank} {throttled}')}\n"
+            f"or on ({', '.join(r.run_key)})\n"
+            f"max {run} (1 - 1 / ({r.rank_step_ratio} > {cfg.straggler_ratio:g})) > {m:g}"
+        ),
+        "data_wait": growth_over_median(r.data_wait_worst),
+        # The rule sums over ranks: per rank, each blocks for its share of the time.
+        "checkpoint": growth_over_median(r.checkpoint_save_rate, f" / {ranks}"),
+        "phase": f"sum {run} (rate({phases}[{cfg.rate_window}])) > {m:g}",
+    }
+    best = "\nor\n".join(named(f"({expr})", cause, teams[cause]) for cause, expr in candidates.items())
+    known = f"group {run} (max_over_time({r.last_step}[{cfg.stall_lookback_window}]) or {r.mfu})"
+    return [
+        _rule(
+            r.likely_cause,
+            f"0 * topk {run} (1,\n{best}\n) + 1\nor on ({', '.join(r.run_key)})\n"
+            f"{named(known, 'unknown', 'training')}",
+        )
+    ]
+
+
 _GROUPS = (
     ("babysitter-training.rules", _training_rules),
     ("babysitter-node.rules", _node_rules),
@@ -414,6 +490,8 @@ _GROUPS = (
     ("babysitter-rank-gpu.rules", _rank_gpu_rules),
     # Its storage roll-up reads the node group's per-host result (from that group's last evaluation).
     ("babysitter-rollup.rules", _rollup_rules),
+    # Reads the rank-GPU and roll-up groups' records.
+    ("babysitter-likely-cause.rules", _likely_cause_rules),
 )
 
 
@@ -666,6 +744,25 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
         (
             r.rank_gpu_xid_new,
             [(on_gpu(r.rank_gpu_xid_new, "0"), 0.0), (on_gpu(r.rank_gpu_xid_new, "2"), 1.0)],
+        ),
+        # r1's rank 2 straggles on a throttled GPU, but that GPU also had an Xid: the Xid wins. The
+        # other runs have no candidate.
+        (
+            r.likely_cause,
+            [
+                (
+                    out(
+                        r.likely_cause,
+                        run="r1",
+                        likely_cause="gpu_fault",
+                        likely_host="h1:9400",
+                        team="infra",
+                    ),
+                    1,
+                ),
+                (out(r.likely_cause, run="r2", likely_cause="unknown", team="training"), 1),
+                (out(r.likely_cause, run="r3", likely_cause="unknown", team="training"), 1),
+            ],
         ),
     ]
     return {
