@@ -67,6 +67,10 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             series=(
                 # r1 hangs but its endpoint still answers; r2 keeps stepping.
                 *_stepping(_TRAIN, "0+60x20 1200+0x40"),
+                # r1's GPU threw an Xid 79 at 22m: the page names it and goes to infra.
+                (_series(T.INFO, _with(_TRAIN, uuid=_GPU["uuid"], pci_bus_id=_GPU["pci_bus_id"])), "1+0x60"),
+                (_series(N.GPU_UP, _GPU), "1+0x60"),
+                (_series(N.GPU_XID_ERRORS, _with(_GPU, xid="79", action="reset_gpu")), "_x22 1+0x38"),
                 *_stepping(_with(_TRAIN, run="r2"), "0+60x60"),
                 # r3 is stopped (SIGSTOP): its series vanish, the node agent's fetch of it fails.
                 *_stepping(_with(_TRAIN, run="r3"), "0+60x20"),
@@ -88,18 +92,25 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
             # 27m: r4's last samples (20m) have left the 5 m lookback, so only the stalled runs remain.
             fire_at="27m",
-            fire_labels=tuple(
-                {**_run_labels(name), "likely_cause": "unknown", "team": "training"}
-                for name in ("r1", "r3", "r6")
+            fire_labels=(
+                {**_run_labels("r1"), "likely_cause": "gpu_fault", "likely_host": "n1:9400", "team": "infra"},
+                *(
+                    {**_run_labels(name), "likely_cause": "unknown", "team": "training"}
+                    for name in ("r3", "r6")
+                ),
             ),
             fire_text=tuple(
                 (
-                    f"Run {run_name} has not finished a step for {age}.",
+                    f"Run {run_name} has not finished a step for {age}{likely}.",
                     f"No rank of run {run_name} on cluster c1 finished a training step for {age}; the stall "
                     "threshold is max(240s, 10 x the run's mean step time over 1h). The job hangs "
                     "(collective, data loader, storage) or is stopped.",
                 )
-                for run_name, age in (("r1", "7m 0s"), ("r3", "7m 0s"), ("r6", "6m 30s"))
+                for run_name, age, likely in (
+                    ("r1", "7m 0s", ": likely gpu fault on host n1:9400"),
+                    ("r3", "7m 0s", ""),
+                    ("r6", "6m 30s", ""),
+                )
             ),
         ),
     )
