@@ -182,6 +182,13 @@ class Records:
         carry. ``babysitter explain`` gives the full ranked answer."""
         return record_name(["run"], T.MFU.name, "likely_cause")
 
+    @property
+    def likely_team(self) -> str:
+        """1 per run, labeled with the ``team`` the likely-cause rule named most often over the MFU
+        alert's ``for:`` (``unknown`` only when it named nothing else): the one label the alerts join,
+        stable enough that a cause flapping between candidates does not restart their ``for:``."""
+        return record_name(["run"], T.MFU.name, "likely_team")
+
     # --- roll-ups the scorecard and the cluster-wide panels read over days (never raw per-rank series)
 
     @property
@@ -474,12 +481,19 @@ def _likely_cause_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, objec
     }
     best = "\nor\n".join(named(f"({expr})", cause, teams[cause]) for cause, expr in candidates.items())
     known = f"group {run} (max_over_time({r.last_step}[{cfg.stall_lookback_window}]) or {r.mfu})"
+    team = by((*r.run_key, "team"))
+    counted = f'count_over_time({r.likely_cause}{{likely_cause!="unknown"}}[{cfg.mfu_drop_for}])'
     return [
         _rule(
             r.likely_cause,
             f"0 * topk {run} (1,\n{best}\n) + 1\nor on ({', '.join(r.run_key)})\n"
             f"{named(known, 'unknown', 'training')}",
-        )
+        ),
+        _rule(
+            r.likely_team,
+            f"0 * topk {run} (1, sum {team} ({counted})) + 1\nor on ({', '.join(r.run_key)})\n"
+            f'group {team} ({r.likely_cause}{{likely_cause="unknown"}})',
+        ),
     ]
 
 
@@ -762,6 +776,14 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
                 ),
                 (out(r.likely_cause, run="r2", likely_cause="unknown", team="training"), 1),
                 (out(r.likely_cause, run="r3", likely_cause="unknown", team="training"), 1),
+            ],
+        ),
+        (
+            r.likely_team,
+            [
+                (out(r.likely_team, run="r1", team="infra"), 1),
+                (out(r.likely_team, run="r2", team="training"), 1),
+                (out(r.likely_team, run="r3", team="training"), 1),
             ],
         ),
     ]

@@ -9,7 +9,6 @@ from babysitter.catalog import runtime as R
 from babysitter.catalog import train as T
 from babysitter.generate.alerts._common import (
     _GPU,
-    _LIKELY,
     _TRAIN,
     _V,
     _VD,
@@ -23,7 +22,8 @@ from babysitter.generate.alerts._common import (
     _stepping,
     _up_series,
     _with,
-    with_likely_cause,
+    likely_text,
+    with_team,
 )
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.promql import by, new_or_increased, select
@@ -36,6 +36,7 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
     ts, c = cfg.tracker_selector, cfg.cluster_label
     run, on_run = by(r.run_key), f"on ({', '.join(r.run_key)})"
     stall_min = cfg.stall_min_seconds
+    likely = likely_text(r.likely_cause, c)
     remembered = f"max_over_time({r.last_step}[{cfg.stall_lookback_window}])"
     not_answering = f"max {run} ({select(N.TRAINER_SCRAPE_SUCCESS, cfg.node_selector)} == 0)"
     stalled = Alert(
@@ -45,18 +46,18 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
         # no longer answer the node agent (stopped, hard hang) falls back to the age of its last step,
         # remembered after its series vanish; so does a tracker too old to export the stall clock. A run
         # that finished unregistered itself and matches neither.
-        expr=with_likely_cause(
+        expr=with_team(
             f"(\n  min {run} ({select(R.STALLED_SECONDS, ts)})\n  or {on_run}\n"
             f"  (\n    time() - {remembered}\n    and {on_run}\n"
             f"    ({r.last_step} or {on_run} {not_answering})\n  )\n)\n> {on_run}\n"
             f"(\n  ({cfg.stall_step_factor:g} * {r.step_baseline} > {stall_min})\n  or {on_run}\n"
             f"  (0 * {remembered} + {stall_min})\n)",
             r.run_key,
-            r.likely_cause,
+            r.likely_team,
         ),
         severity="critical",
         component="training",
-        summary=f"Run {_l('run')} has not finished a step for {_VD}{_LIKELY}.",
+        summary=f"Run {_l('run')} has not finished a step for {_VD}{likely}.",
         description=(
             f"No rank of run {_l('run')} on cluster {_l(c)} finished a training step for {_VD}; the stall "
             f"threshold is max({stall_min}s, {cfg.stall_step_factor:g} x the run's mean step time over "
@@ -93,20 +94,17 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             # 27m: r4's last samples (20m) have left the 5 m lookback, so only the stalled runs remain.
             fire_at="27m",
             fire_labels=(
-                {**_run_labels("r1"), "likely_cause": "gpu_fault", "likely_host": "n1:9400", "team": "infra"},
-                *(
-                    {**_run_labels(name), "likely_cause": "unknown", "team": "training"}
-                    for name in ("r3", "r6")
-                ),
+                {**_run_labels("r1"), "team": "infra"},
+                *({**_run_labels(name), "team": "training"} for name in ("r3", "r6")),
             ),
             fire_text=tuple(
                 (
-                    f"Run {run_name} has not finished a step for {age}{likely}.",
+                    f"Run {run_name} has not finished a step for {age}{cause}.",
                     f"No rank of run {run_name} on cluster c1 finished a training step for {age}; the stall "
                     "threshold is max(240s, 10 x the run's mean step time over 1h). The job hangs "
                     "(collective, data loader, storage) or is stopped.",
                 )
-                for run_name, age, likely in (
+                for run_name, age, cause in (
                     ("r1", "7m 0s", ": likely gpu fault on host n1:9400"),
                     ("r3", "7m 0s", ""),
                     ("r6", "6m 30s", ""),
@@ -180,17 +178,17 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
     mfu = r.mfu
     mfu_drop = Alert(
         name="TrainingMfuDrop",
-        expr=with_likely_cause(
+        expr=with_team(
             f"{mfu}\n< {on_run}\n"
             f"({1 - cfg.mfu_drop_fraction:g} * "
             f"quantile_over_time(0.5, {mfu}[{cfg.mfu_baseline_window}]))"
             f"\nand {on_run}\n{r.steps_rate} > 0",
             r.run_key,
-            r.likely_cause,
+            r.likely_team,
         ),
         severity="warning",
         component="training",
-        summary=f"MFU of run {_l('run')} dropped to {_VP}{_LIKELY}.",
+        summary=f"MFU of run {_l('run')} dropped to {_VP}{likely}.",
         description=(
             f"Run {_l('run')} on cluster {_l(c)} runs at {_VP} MFU, more than "
             f"{cfg.mfu_drop_fraction:.0%} below its median over the last {cfg.mfu_baseline_window}, "
@@ -237,15 +235,7 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
             quiet=(("100m", "MFU at its baseline"), ("150m", "before for:")),
             fire_at="160m",
-            fire_labels=(
-                {**_run_labels(), "likely_cause": "unknown", "team": "training"},
-                {
-                    **_run_labels("r3"),
-                    "likely_cause": "gpu_throttling",
-                    "likely_host": "n2:9400",
-                    "team": "infra",
-                },
-            ),
+            fire_labels=({**_run_labels(), "team": "training"}, {**_run_labels("r3"), "team": "infra"}),
             fire_text=(
                 (
                     "MFU of run r1 dropped to 30%.",
