@@ -680,6 +680,22 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
             "1+0x20",
         ),
         (_series(N.GPU_XID_ERRORS.name, gpu_of("1", "GPU-b", xid="79", action="reboot")), "_x3 1+0x16"),
+        # Run r4's likely cause (given directly: r4 has no other series) was throttling for 9 minutes and
+        # is data wait for the last two: its team stays infra, the team named most often in 30m.
+        (
+            _series(
+                r.likely_cause,
+                {"cluster": "c1", "run": "r4", "likely_cause": "gpu_throttling", "team": "infra"},
+            ),
+            "1+0x8",
+        ),
+        (
+            _series(
+                r.likely_cause,
+                {"cluster": "c1", "run": "r4", "likely_cause": "data_wait", "team": "training"},
+            ),
+            "_x9 1+0x1",
+        ),
     ]
     at = "10m"
     cases: list[tuple[str, list[tuple[str, float]]]] = [
@@ -776,6 +792,9 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
                 ),
                 (out(r.likely_cause, run="r2", likely_cause="unknown", team="training"), 1),
                 (out(r.likely_cause, run="r3", likely_cause="unknown", team="training"), 1),
+                # r4's given series (the last throttling sample is still within the lookback).
+                (out(r.likely_cause, run="r4", likely_cause="data_wait", team="training"), 1),
+                (out(r.likely_cause, run="r4", likely_cause="gpu_throttling", team="infra"), 1),
             ],
         ),
         (
@@ -784,6 +803,7 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
                 (out(r.likely_team, run="r1", team="infra"), 1),
                 (out(r.likely_team, run="r2", team="training"), 1),
                 (out(r.likely_team, run="r3", team="training"), 1),
+                (out(r.likely_team, run="r4", team="infra"), 1),
             ],
         ),
     ]
