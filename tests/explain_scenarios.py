@@ -51,6 +51,8 @@ class Scenario:
     eval_seconds: float = 0.0
     #: A GPU fault: Xid 79 on ``xid_rank``'s GPU at window start + 300 s, the job down until + 720 s.
     xid_rank: int | None = None
+    #: False: the same downtime and restart, with no Xid and no lost GPU (a preemption, a crash).
+    gpu_fault: bool = True
     #: Ranks that leave at window start + 60 s (the job shrinks).
     leave: tuple[int, ...] = ()
     #: Non-finite losses and a loss spike at window start + 600 s.
@@ -179,14 +181,14 @@ def scenario_lines(sc: Scenario, end: float, out: _Out) -> None:
         for r in range(4):
             gl = gpu_labels(r)
             hot = sc.throttle and r in sc.slow and t >= t0 - 60
-            lost = down is not None and r == sc.xid_rank and down[0] <= t < down[1]
+            lost = down is not None and sc.gpu_fault and r == sc.xid_rank and down[0] <= t < down[1]
             out.add(N.GPU_UP.name, gl, t, 0.0 if lost else 1.0)
             out.add(N.GPU_SM_CLOCK.name, gl, t, 1.1e9 if hot else 1.98e9)
             out.add(N.GPU_TEMPERATURE.name, {**gl, "sensor": "gpu"}, t, 91.0 if hot else 64.0)
             for reason in THROTTLE_REASONS:
                 active = hot and reason in ("hw_slowdown", "hw_thermal_slowdown")
                 out.add(N.GPU_CLOCK_EVENT_ACTIVE.name, {**gl, "reason": reason}, t, 1.0 if active else 0.0)
-            if down is not None and r == sc.xid_rank and t >= down[0]:
+            if down is not None and sc.gpu_fault and r == sc.xid_rank and t >= down[0]:
                 out.add(N.GPU_XID_ERRORS.name, {**gl, "xid": "79", "action": "reset_gpu"}, t, 1.0)
         for host in hosts:
             probe = sc.storage_seconds if in_window else 0.2

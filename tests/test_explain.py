@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
 
 from babysitter import catalog
 from babysitter.cli import main
@@ -27,6 +28,7 @@ from babysitter.generate import GenerateConfig
 from babysitter.generate.distributed import central_metrics
 from babysitter.generate.rules import Records, recording_groups
 from babysitter.prom import PromClient
+from babysitter.views.top import Frame, RunRow, render
 from babysitter.views.top.hints import RunHints, hint_line
 from explain_scenarios import BASELINE, HISTORY, WINDOW, Scenario, write_openmetrics
 from test_scorecard_helpers import backfilled_prometheus, rule_stages
@@ -36,6 +38,7 @@ SINGLE: dict[str, tuple[Scenario, str]] = {
     "throttle": (Scenario("throttle", slow={3: 1.8}, throttle=True), "gpu_throttling"),
     "straggler": (Scenario("straggler", slow={2: 1.6}), "straggler"),
     "xid": (Scenario("xid", xid_rank=1), "gpu_fault"),
+    "restart": (Scenario("restart", xid_rank=1, gpu_fault=False), "restart"),
     "datawait": (Scenario("datawait", data_wait=0.5), "data_wait"),
     "checkpoint": (Scenario("checkpoint", save_seconds=40.0, saves_in_window=6), "checkpoint"),
     "storage": (Scenario("storage", save_seconds=150.0, storage_seconds=6.0), "storage"),
@@ -134,9 +137,12 @@ def test_throttle_evidence_names_rank_host_gpu_and_clocks(prom: tuple[str, float
     assert "hw_slowdown + hw_thermal_slowdown" in cause.text
     # The GPU throttles from a minute before the window: 60 s of 1.1 GHz in the baseline hour.
     assert f"SM clock 1.10 GHz vs {(1.98 * 3540 + 1.1 * 60) / 3600:.2f} GHz" in cause.text
-    # Rank 3 at 1.8x: 1 - 1/1.8 of the window is lost, and so are the tokens/s.
-    assert cause.seconds == pytest.approx(WINDOW * (1 - 1 / 1.8), rel=0.1)
-    assert answer.lost_seconds == pytest.approx(cause.seconds, rel=0.15)
+    # Rank 3 at 1.8x: 1 - 1/1.8 of the window is lost, and so are the tokens/s. The step-time rule's
+    # 5-minute rate window ramps up over the window's first 5 minutes, so up to 5/30 of it may be missed.
+    full = WINDOW * (1 - 1 / 1.8)
+    ramp = 1 - 300 / WINDOW
+    assert full * ramp <= cause.seconds <= full * 1.02
+    assert answer.lost_seconds * ramp <= cause.seconds <= answer.lost_seconds * 1.02
     assert cause.share is not None and cause.share > 0.8
 
 
@@ -252,3 +258,20 @@ def test_hint_line_is_short_and_says_when_nothing_was_found() -> None:
     cause = Cause("data_wait", "x" * 500, 400.0, "training", share=0.89)
     line = hint_line(Explanation("r1", "", 0.0, 900.0, 3600.0, 1.0, 2.0, None, None, 450.0, [cause], {}))
     assert line.startswith("likely data wait (89% of the lost time): xxx") and len(line) == 160
+
+
+def test_top_shows_the_hint_under_the_runs() -> None:
+    """A run's hint is printed under the runs table; a run without one gets no line."""
+    frame = Frame(
+        time.time(),
+        "test",
+        runs=(
+            RunRow("r1", 4, mfu=0.2, hint="likely data wait (89% of the lost time): every rank"),
+            RunRow("r2", 4),
+        ),
+    )
+    console = Console(record=True, width=200, color_system=None)
+    console.print(render(frame))
+    text = console.export_text()
+    assert "  r1: likely data wait (89% of the lost time): every rank" in text
+    assert "r2:" not in text

@@ -398,7 +398,7 @@ class _Scan:
                 self.causes.append(
                     Cause(
                         "restart",
-                        f"the run restarted{then or f': {restart_seconds:.0f} s {_RESTART_TEXT}'}"
+                        f"the run restarted {restarts:g} time(s): {restart_seconds:.0f} s {_RESTART_TEXT}"
                         " (no Xid or lost GPU on its GPUs)",
                         restart_seconds,
                         TEAMS["restart"],
