@@ -78,6 +78,16 @@ def register(subparsers: Any) -> None:
         metavar="DURATION",
         help="what the window is compared with: this long before it (default 1h)",
     )
+    p.add_argument(
+        "--rate-window",
+        default="5m",
+        help="rate window the recording rules were generated with (default 5m, the default config's)",
+    )
+    p.add_argument(
+        "--cluster-label",
+        default="cluster",
+        help="the label that tells clusters apart, as the rules were generated (default cluster)",
+    )
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per query (default 30)")
     p.add_argument("--json", metavar="FILE", help="also write the answer as JSON ('-': stdout only)")
     p.set_defaults(func=run)
@@ -86,14 +96,16 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """0 with an answer (causes or nothing found), 1 when there are no series of the run, 2 for errors."""
     from babysitter.explain import explain
+    from babysitter.generate.config import GenerateConfig
     from babysitter.prom import PromClient, PromError
 
     window = args.since if args.since is not None else args.window
     end = args.at if args.at is not None else time.time()
     try:
+        cfg = GenerateConfig(cluster_label=args.cluster_label, rate_window=args.rate_window)
         client = PromClient(args.prometheus, timeout=args.timeout)
         answer = explain(
-            client, args.run, end=end, window=window, baseline=args.baseline, cluster=args.cluster
+            client, args.run, end=end, window=window, baseline=args.baseline, cluster=args.cluster, cfg=cfg
         )
     except ValueError as exc:
         sys.stderr.write(f"babysitter explain: {exc}\n")
