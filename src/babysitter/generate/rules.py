@@ -680,6 +680,16 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
             "1+0x20",
         ),
         (_series(N.GPU_XID_ERRORS.name, gpu_of("1", "GPU-b", xid="79", action="reboot")), "_x3 1+0x16"),
+        # Run r5 waits 45 s of every minute for input from minute 3 (nothing before): its likely cause
+        # is data wait (growth over its median). Run r6 spends 30 s of every minute in eval: the phase.
+        (_series(T.DATA_WAIT.name, {**base, "run": "r5", "rank": "0"}), "0+0x3 45+45x16"),
+        (_series(G.BADPUT_SECONDS.name, {**base, "run": "r6", "rank": "0", "cause": "eval"}), "0+30x20"),
+        # Run r7's one rank blocks in checkpoint saves 30 s of every minute from minute 3: checkpoint.
+        (_series(f"{T.CKPT_SAVE_DURATION.name}_sum", {**base, "run": "r7", "rank": "0"}), "0+0x3 30+30x16"),
+        *(
+            (_series(f"{T.STEP_DURATION.name}_{part}", {**base, "run": "r7", "rank": "0"}), "0+60x20")
+            for part in ("sum", "count")
+        ),
         # Run r4's likely cause (given directly: r4 has no other series) was throttling for 9 minutes and
         # is data wait for the last two: its team stays infra, the team named most often in 30m.
         (
@@ -706,11 +716,13 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
         (r.tokens_rate, [(out(r.tokens_rate, run="r2"), 2.0)]),
         (
             r.rank_step_mean,
-            [(out(r.rank_step_mean, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))],
+            [(out(r.rank_step_mean, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))]
+            + [(out(r.rank_step_mean, run="r7", rank="0"), 1)],
         ),
         (
             r.rank_step_ratio,
-            [(out(r.rank_step_ratio, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))],
+            [(out(r.rank_step_ratio, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))]
+            + [(out(r.rank_step_ratio, run="r7", rank="0"), 1)],
         ),
         (
             r.hfu,
@@ -731,12 +743,18 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
             [(_series(r.storage_probe_total, {**base, "path": "/ckpt"}), 0.7)],
         ),
         (r.productive_total, [(out(r.productive_total, run="r1"), 480.0)]),
-        (r.badput_total, [(out(r.badput_total, run="r1"), 120.0)]),
+        (r.badput_total, [(out(r.badput_total, run="r1"), 120.0), (out(r.badput_total, run="r6"), 300.0)]),
         (r.restarts_total, [(out(r.restarts_total, run="r1"), 2.0)]),
-        (r.data_wait_mean, [(out(r.data_wait_mean, run="r1"), 0.5)]),
-        (r.data_wait_worst, [(out(r.data_wait_worst, run="r1"), 0.75)]),
+        (r.data_wait_mean, [(out(r.data_wait_mean, run="r1"), 0.5), (out(r.data_wait_mean, run="r5"), 0.75)]),
+        (
+            r.data_wait_worst,
+            [(out(r.data_wait_worst, run="r1"), 0.75), (out(r.data_wait_worst, run="r5"), 0.75)],
+        ),
         (r.checkpoint_bytes_rate, [(out(r.checkpoint_bytes_rate, run="r1"), 20.0)]),
-        (r.checkpoint_save_rate, [(out(r.checkpoint_save_rate, run="r1"), 0.1)]),
+        (
+            r.checkpoint_save_rate,
+            [(out(r.checkpoint_save_rate, run="r1"), 0.1), (out(r.checkpoint_save_rate, run="r7"), 0.5)],
+        ),
         (
             r.xid_new,
             [(out(r.xid_new, action="reset_gpu"), 1.0), (out(r.xid_new, action="restart_app"), 1.0)],
@@ -792,6 +810,9 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
                 ),
                 (out(r.likely_cause, run="r2", likely_cause="unknown", team="training"), 1),
                 (out(r.likely_cause, run="r3", likely_cause="unknown", team="training"), 1),
+                (out(r.likely_cause, run="r5", likely_cause="data_wait", team="training"), 1),
+                (out(r.likely_cause, run="r6", likely_cause="phase", team="training"), 1),
+                (out(r.likely_cause, run="r7", likely_cause="checkpoint", team="training"), 1),
                 # r4's given series (the last throttling sample is still within the lookback).
                 (out(r.likely_cause, run="r4", likely_cause="data_wait", team="training"), 1),
                 (out(r.likely_cause, run="r4", likely_cause="gpu_throttling", team="infra"), 1),
@@ -804,6 +825,9 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
                 (out(r.likely_team, run="r2", team="training"), 1),
                 (out(r.likely_team, run="r3", team="training"), 1),
                 (out(r.likely_team, run="r4", team="infra"), 1),
+                (out(r.likely_team, run="r5", team="training"), 1),
+                (out(r.likely_team, run="r6", team="training"), 1),
+                (out(r.likely_team, run="r7", team="training"), 1),
             ],
         ),
     ]
