@@ -684,6 +684,15 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
         # is data wait (growth over its median). Run r6 spends 30 s of every minute in eval: the phase.
         (_series(T.DATA_WAIT.name, {**base, "run": "r5", "rank": "0"}), "0+0x3 45+45x16"),
         (_series(G.BADPUT_SECONDS.name, {**base, "run": "r6", "rank": "0", "cause": "eval"}), "0+30x20"),
+        # Run r8's rank 2 steps 1.5x slower than the others, with no GPU in train_info: a straggler.
+        *(
+            (
+                _series(f"{T.STEP_DURATION.name}_{part}", {**base, "run": "r8", "rank": number}),
+                f"0+{per_min}x20",
+            )
+            for number, step_sum in (("0", 60), ("1", 60), ("2", 90))
+            for part, per_min in (("sum", step_sum), ("count", 60))
+        ),
         # Run r7's one rank blocks in checkpoint saves 30 s of every minute from minute 3: checkpoint.
         (_series(f"{T.CKPT_SAVE_DURATION.name}_sum", {**base, "run": "r7", "rank": "0"}), "0+0x3 30+30x16"),
         *(
@@ -717,12 +726,14 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
         (
             r.rank_step_mean,
             [(out(r.rank_step_mean, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))]
-            + [(out(r.rank_step_mean, run="r7", rank="0"), 1)],
+            + [(out(r.rank_step_mean, run="r7", rank="0"), 1)]
+            + [(out(r.rank_step_mean, run="r8", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))],
         ),
         (
             r.rank_step_ratio,
             [(out(r.rank_step_ratio, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))]
-            + [(out(r.rank_step_ratio, run="r7", rank="0"), 1)],
+            + [(out(r.rank_step_ratio, run="r7", rank="0"), 1)]
+            + [(out(r.rank_step_ratio, run="r8", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))],
         ),
         (
             r.hfu,
@@ -813,6 +824,7 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
                 (out(r.likely_cause, run="r5", likely_cause="data_wait", team="training"), 1),
                 (out(r.likely_cause, run="r6", likely_cause="phase", team="training"), 1),
                 (out(r.likely_cause, run="r7", likely_cause="checkpoint", team="training"), 1),
+                (out(r.likely_cause, run="r8", likely_cause="straggler", team="infra"), 1),
                 # r4's given series (the last throttling sample is still within the lookback).
                 (out(r.likely_cause, run="r4", likely_cause="data_wait", team="training"), 1),
                 (out(r.likely_cause, run="r4", likely_cause="gpu_throttling", team="infra"), 1),
@@ -828,6 +840,7 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
                 (out(r.likely_team, run="r5", team="training"), 1),
                 (out(r.likely_team, run="r6", team="training"), 1),
                 (out(r.likely_team, run="r7", team="training"), 1),
+                (out(r.likely_team, run="r8", team="infra"), 1),
             ],
         ),
     ]
