@@ -23,7 +23,7 @@ from rich.console import Console
 
 from babysitter import catalog
 from babysitter.cli import main
-from babysitter.explain import CAUSES, Cause, ExplainQueries, Explanation, explain
+from babysitter.explain import CAUSES, TEAMS, Cause, ExplainQueries, Explanation, explain
 from babysitter.generate import GenerateConfig
 from babysitter.generate.distributed import central_metrics
 from babysitter.generate.rules import Records, recording_groups
@@ -280,3 +280,9 @@ def test_top_shows_the_hint_under_the_runs() -> None:
     text = console.export_text()
     assert "  r1: likely data wait (89% of the lost time): every rank" in text
     assert "r2:" not in text
+
+
+def test_every_cause_has_a_team() -> None:
+    """Each cause explain checks routes to infra or training (the alerts' rule shares its teams)."""
+    assert set(TEAMS) == set(CAUSES)
+    assert set(TEAMS.values()) == {"infra", "training"}

@@ -19,11 +19,12 @@ from typing import Any
 
 from babysitter.explain.queries import ExplainQueries
 from babysitter.generate.config import GenerateConfig
+from babysitter.generate.rules import LIKELY_CAUSES
 from babysitter.prom import PromClient, Sample, finite
 
 __all__ = ["CAUSES", "TEAMS", "Cause", "Evidence", "Explanation", "explain"]
 
-#: Every cause ``explain`` checks, in the order untimed causes are listed, with the team it routes to.
+#: Every cause ``explain`` checks, in the order untimed causes are listed.
 CAUSES: dict[str, str] = {
     "gpu_throttling": "GPU throttling (thermal, power, HW slowdown) on a rank's GPU",
     "straggler": "a straggler rank or host",
@@ -37,19 +38,15 @@ CAUSES: dict[str, str] = {
     "job_size": "a changed job size or config (ranks, tokens per step)",
     "loss": "loss spikes or non-finite loss",
 }
-#: Who acts on each cause: ``infra`` (hardware, hosts, storage) or ``training`` (the job and its code).
+#: Who acts on each cause: ``infra`` (hardware, hosts, storage) or ``training`` (the job and its code);
+#: the causes the alerts' likely-cause rule names take their team from it, so a page and explain agree.
 TEAMS: dict[str, str] = {
-    "gpu_throttling": "infra",
-    "straggler": "infra",
-    "gpu_fault": "infra",
     "restart": "infra",
     "hang": "infra",
-    "data_wait": "training",
-    "checkpoint": "training",
     "storage": "infra",
-    "phase": "training",
     "job_size": "training",
     "loss": "training",
+    **dict(LIKELY_CAUSES),
 }
 _RESTART_CAUSES = ("downtime", "lost_progress", "startup", "checkpoint_load")
 _PHASE_CAUSES = ("eval", "phase")
