@@ -41,6 +41,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "features": (
         "babysitter",
         "babysitter.demo",
+        "babysitter.explain",
         "babysitter.generate.distributed",
         "babysitter.generate.writer",
         "babysitter.integrations",
@@ -69,6 +70,8 @@ SIDEWAYS: frozenset[tuple[str, str]] = frozenset(
         # The scorecard's and the probe's tables draw what those computed.
         ("babysitter.views", "babysitter.scorecard"),
         ("babysitter.views", "babysitter.probe"),
+        # ``babysitter top`` shows explain's hint for a run whose MFU dropped.
+        ("babysitter.views", "babysitter.explain"),
         # The two-tier configurations keep what the scorecard and ``babysitter top`` query.
         ("babysitter.generate", "babysitter.scorecard"),
         ("babysitter.generate", "babysitter.views"),

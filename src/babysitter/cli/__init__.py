@@ -26,6 +26,7 @@ _COMMANDS = (
     "flops",
     "probe",
     "scorecard",
+    "explain",
 )
 
 

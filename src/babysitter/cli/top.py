@@ -41,6 +41,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each request (default 5)")
     p.add_argument("--once", action="store_true", help="print one frame and exit (scripts, tests)")
+    p.add_argument(
+        "--no-hints",
+        action="store_true",
+        help="with --prometheus, do not explain runs whose MFU dropped (a one-line cause per run)",
+    )
     p.set_defaults(func=run)
 
 
@@ -57,7 +62,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         source: Source = (
             PrometheusSource(
-                args.prometheus, window=args.window, lookback=args.lookback, timeout=args.timeout
+                args.prometheus,
+                window=args.window,
+                lookback=args.lookback,
+                timeout=args.timeout,
+                hints=not args.no_hints and not args.once,
             )
             if args.prometheus
             else MetricsSource(args.metrics, timeout=args.timeout)

@@ -15,9 +15,9 @@ from babysitter.catalog import probe as P
 from babysitter.catalog import storage as S
 from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig
-from babysitter.generate.promql import by, eq, growth, record_name, select
+from babysitter.generate.promql import by, eq, growth, record_name, regex, select
 
-__all__ = ["Records", "recording_groups", "recording_rules"]
+__all__ = ["LIKELY_CAUSES", "Records", "recording_groups", "recording_rules"]
 
 
 @dataclass(frozen=True)
@@ -174,6 +174,20 @@ class Records:
     def rank_gpu_xid_new(self) -> str:
         """Xid errors (all codes) new on each rank's GPU in the Xid window."""
         return record_name(["run", "rank"], N.GPU_XID_ERRORS.base_name, f"new{self.cfg.xid_window}")
+
+    @property
+    def likely_cause(self) -> str:
+        """1 per run, labeled with the likely cause of its slowdown (``likely_cause``, ``team``, and
+        ``likely_host`` where the cause sits on one host): what TrainingMfuDrop and TrainingStalled
+        carry. ``babysitter explain`` gives the full ranked answer."""
+        return record_name(["run"], T.MFU.name, "likely_cause")
+
+    @property
+    def likely_team(self) -> str:
+        """1 per run, labeled with the ``team`` the likely-cause rule named most often over the MFU
+        alert's ``for:`` (``unknown`` only when it named nothing else): the one label the alerts join,
+        stable enough that a cause flapping between candidates does not restart their ``for:``."""
+        return record_name(["run"], T.MFU.name, "likely_team")
 
     # --- roll-ups the scorecard and the cluster-wide panels read over days (never raw per-rank series)
 
@@ -407,6 +421,82 @@ def _rollup_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
     ]
 
 
+#: Causes the likely-cause rule names, the team each routes to, and the least share of time that counts.
+LIKELY_CAUSES = (
+    ("gpu_fault", "infra"),
+    ("gpu_throttling", "infra"),
+    ("straggler", "infra"),
+    ("data_wait", "training"),
+    ("checkpoint", "training"),
+    ("phase", "training"),
+)
+_LIKELY_MIN_SHARE = 0.05
+
+
+def _likely_cause_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
+    """A run's likely cause of a slowdown, in PromQL, so a page names it and routes to a team.
+
+    Each candidate is scored as the share of the run's time it costs now: a straggling rank
+    ``1 - 1/ratio`` (charged to throttling when its GPU throttles), data wait and blocking checkpoint
+    saves by their fraction of time above their median over the MFU baseline window, eval and marked
+    phases by the ledger's badput rate; a new Xid on one of the run's GPUs scores 1 (it outranks all).
+    The best candidate wins; a run with none gets ``unknown`` (team ``training``). Candidates under
+    5% of the time are noise.
+    """
+    ts = cfg.tracker_selector
+    run, rank = by(r.run_key), by(r.rank_key)
+    on_rank = f"on ({', '.join(r.rank_key)})"
+    base = cfg.mfu_baseline_window
+    m = _LIKELY_MIN_SHARE
+
+    def named(expr: str, cause: str, team: str) -> str:
+        inner = f'label_replace({expr}, "likely_cause", "{cause}", "", "")'
+        return f'label_replace({inner}, "team", "{team}", "", "")'
+
+    def host(expr: str) -> str:
+        relabeled = f'label_replace({expr}, "likely_host", "$1", "instance", "(.*)")'
+        return f"max {by((*r.run_key, 'likely_host'))} ({relabeled})"
+
+    teams = dict(LIKELY_CAUSES)
+    throttled = f"(max {rank} ({r.rank_gpu_throttle}) > 0)"
+    lost = f"(1 - 1 / ({r.rank_gpu_step_ratio} > {cfg.straggler_ratio:g}))"
+    ranks = f"count {run} ({r.rank_step_mean})"
+
+    def growth_over_median(rule: str, per: str = "") -> str:
+        return f"({rule} - quantile_over_time(0.5, {rule}[{base}])){per} > {m:g}"
+
+    phases = select(G.BADPUT_SECONDS, ts, regex("cause", ("eval", "phase")))
+    candidates = {
+        "gpu_fault": host(f"0 * ({r.rank_gpu_xid_new} > 0) + 1"),
+        "gpu_throttling": host(f"{lost} > {m:g} and {on_rank} {throttled}"),
+        "straggler": (
+            f"{host(f'{lost} > {m:g} unless {on_rank} {throttled}')}\n"
+            f"or on ({', '.join(r.run_key)})\n"
+            f"max {run} (1 - 1 / ({r.rank_step_ratio} > {cfg.straggler_ratio:g})) > {m:g}"
+        ),
+        "data_wait": growth_over_median(r.data_wait_worst),
+        # The rule sums over ranks: per rank, each blocks for its share of the time.
+        "checkpoint": growth_over_median(r.checkpoint_save_rate, f" / {ranks}"),
+        "phase": f"sum {run} (rate({phases}[{cfg.rate_window}])) > {m:g}",
+    }
+    best = "\nor\n".join(named(f"({expr})", cause, teams[cause]) for cause, expr in candidates.items())
+    known = f"group {run} (max_over_time({r.last_step}[{cfg.stall_lookback_window}]) or {r.mfu})"
+    team = by((*r.run_key, "team"))
+    counted = f'count_over_time({r.likely_cause}{{likely_cause!="unknown"}}[{cfg.mfu_drop_for}])'
+    return [
+        _rule(
+            r.likely_cause,
+            f"0 * topk {run} (1,\n{best}\n) + 1\nor on ({', '.join(r.run_key)})\n"
+            f"{named(known, 'unknown', 'training')}",
+        ),
+        _rule(
+            r.likely_team,
+            f"0 * topk {run} (1, sum {team} ({counted})) + 1\nor on ({', '.join(r.run_key)})\n"
+            f'group {team} ({r.likely_cause}{{likely_cause="unknown"}})',
+        ),
+    ]
+
+
 _GROUPS = (
     ("babysitter-training.rules", _training_rules),
     ("babysitter-node.rules", _node_rules),
@@ -414,6 +504,8 @@ _GROUPS = (
     ("babysitter-rank-gpu.rules", _rank_gpu_rules),
     # Its storage roll-up reads the node group's per-host result (from that group's last evaluation).
     ("babysitter-rollup.rules", _rollup_rules),
+    # Reads the rank-GPU and roll-up groups' records.
+    ("babysitter-likely-cause.rules", _likely_cause_rules),
 )
 
 
@@ -588,6 +680,41 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
             "1+0x20",
         ),
         (_series(N.GPU_XID_ERRORS.name, gpu_of("1", "GPU-b", xid="79", action="reboot")), "_x3 1+0x16"),
+        # Run r5 waits 45 s of every minute for input from minute 3 (nothing before): its likely cause
+        # is data wait (growth over its median). Run r6 spends 30 s of every minute in eval: the phase.
+        (_series(T.DATA_WAIT.name, {**base, "run": "r5", "rank": "0"}), "0+0x3 45+45x16"),
+        (_series(G.BADPUT_SECONDS.name, {**base, "run": "r6", "rank": "0", "cause": "eval"}), "0+30x20"),
+        # Run r8's rank 2 steps 1.5x slower than the others, with no GPU in train_info: a straggler.
+        *(
+            (
+                _series(f"{T.STEP_DURATION.name}_{part}", {**base, "run": "r8", "rank": number}),
+                f"0+{per_min}x20",
+            )
+            for number, step_sum in (("0", 60), ("1", 60), ("2", 90))
+            for part, per_min in (("sum", step_sum), ("count", 60))
+        ),
+        # Run r7's one rank blocks in checkpoint saves 30 s of every minute from minute 3: checkpoint.
+        (_series(f"{T.CKPT_SAVE_DURATION.name}_sum", {**base, "run": "r7", "rank": "0"}), "0+0x3 30+30x16"),
+        *(
+            (_series(f"{T.STEP_DURATION.name}_{part}", {**base, "run": "r7", "rank": "0"}), "0+60x20")
+            for part in ("sum", "count")
+        ),
+        # Run r4's likely cause (given directly: r4 has no other series) was throttling for 9 minutes and
+        # is data wait for the last two: its team stays infra, the team named most often in 30m.
+        (
+            _series(
+                r.likely_cause,
+                {"cluster": "c1", "run": "r4", "likely_cause": "gpu_throttling", "team": "infra"},
+            ),
+            "1+0x8",
+        ),
+        (
+            _series(
+                r.likely_cause,
+                {"cluster": "c1", "run": "r4", "likely_cause": "data_wait", "team": "training"},
+            ),
+            "_x9 1+0x1",
+        ),
     ]
     at = "10m"
     cases: list[tuple[str, list[tuple[str, float]]]] = [
@@ -598,11 +725,15 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
         (r.tokens_rate, [(out(r.tokens_rate, run="r2"), 2.0)]),
         (
             r.rank_step_mean,
-            [(out(r.rank_step_mean, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))],
+            [(out(r.rank_step_mean, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))]
+            + [(out(r.rank_step_mean, run="r7", rank="0"), 1)]
+            + [(out(r.rank_step_mean, run="r8", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))],
         ),
         (
             r.rank_step_ratio,
-            [(out(r.rank_step_ratio, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))],
+            [(out(r.rank_step_ratio, run="r1", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))]
+            + [(out(r.rank_step_ratio, run="r7", rank="0"), 1)]
+            + [(out(r.rank_step_ratio, run="r8", rank=n), v) for n, v in (("0", 1), ("1", 1), ("2", 1.5))],
         ),
         (
             r.hfu,
@@ -623,12 +754,18 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
             [(_series(r.storage_probe_total, {**base, "path": "/ckpt"}), 0.7)],
         ),
         (r.productive_total, [(out(r.productive_total, run="r1"), 480.0)]),
-        (r.badput_total, [(out(r.badput_total, run="r1"), 120.0)]),
+        (r.badput_total, [(out(r.badput_total, run="r1"), 120.0), (out(r.badput_total, run="r6"), 300.0)]),
         (r.restarts_total, [(out(r.restarts_total, run="r1"), 2.0)]),
-        (r.data_wait_mean, [(out(r.data_wait_mean, run="r1"), 0.5)]),
-        (r.data_wait_worst, [(out(r.data_wait_worst, run="r1"), 0.75)]),
+        (r.data_wait_mean, [(out(r.data_wait_mean, run="r1"), 0.5), (out(r.data_wait_mean, run="r5"), 0.75)]),
+        (
+            r.data_wait_worst,
+            [(out(r.data_wait_worst, run="r1"), 0.75), (out(r.data_wait_worst, run="r5"), 0.75)],
+        ),
         (r.checkpoint_bytes_rate, [(out(r.checkpoint_bytes_rate, run="r1"), 20.0)]),
-        (r.checkpoint_save_rate, [(out(r.checkpoint_save_rate, run="r1"), 0.1)]),
+        (
+            r.checkpoint_save_rate,
+            [(out(r.checkpoint_save_rate, run="r1"), 0.1), (out(r.checkpoint_save_rate, run="r7"), 0.5)],
+        ),
         (
             r.xid_new,
             [(out(r.xid_new, action="reset_gpu"), 1.0), (out(r.xid_new, action="restart_app"), 1.0)],
@@ -666,6 +803,45 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
         (
             r.rank_gpu_xid_new,
             [(on_gpu(r.rank_gpu_xid_new, "0"), 0.0), (on_gpu(r.rank_gpu_xid_new, "2"), 1.0)],
+        ),
+        # r1's rank 2 straggles on a throttled GPU, but that GPU also had an Xid: the Xid wins. The
+        # other runs have no candidate.
+        (
+            r.likely_cause,
+            [
+                (
+                    out(
+                        r.likely_cause,
+                        run="r1",
+                        likely_cause="gpu_fault",
+                        likely_host="h1:9400",
+                        team="infra",
+                    ),
+                    1,
+                ),
+                (out(r.likely_cause, run="r2", likely_cause="unknown", team="training"), 1),
+                (out(r.likely_cause, run="r3", likely_cause="unknown", team="training"), 1),
+                (out(r.likely_cause, run="r5", likely_cause="data_wait", team="training"), 1),
+                (out(r.likely_cause, run="r6", likely_cause="phase", team="training"), 1),
+                (out(r.likely_cause, run="r7", likely_cause="checkpoint", team="training"), 1),
+                (out(r.likely_cause, run="r8", likely_cause="straggler", team="infra"), 1),
+                # r4's given series (the last throttling sample is still within the lookback).
+                (out(r.likely_cause, run="r4", likely_cause="data_wait", team="training"), 1),
+                (out(r.likely_cause, run="r4", likely_cause="gpu_throttling", team="infra"), 1),
+            ],
+        ),
+        (
+            r.likely_team,
+            [
+                (out(r.likely_team, run="r1", team="infra"), 1),
+                (out(r.likely_team, run="r2", team="training"), 1),
+                (out(r.likely_team, run="r3", team="training"), 1),
+                (out(r.likely_team, run="r4", team="infra"), 1),
+                (out(r.likely_team, run="r5", team="training"), 1),
+                (out(r.likely_team, run="r6", team="training"), 1),
+                (out(r.likely_team, run="r7", team="training"), 1),
+                (out(r.likely_team, run="r8", team="infra"), 1),
+            ],
         ),
     ]
     return {

@@ -13,7 +13,7 @@ from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig, parse_duration
 from babysitter.generate.promql import eq
 
-__all__ = ["Alert", "AlertTest", "Labels"]
+__all__ = ["Alert", "AlertTest", "Labels", "likely_text", "with_team"]
 
 Labels = Mapping[str, str]
 
@@ -68,6 +68,29 @@ _V = "{{ $value | humanize }}"
 _STEP = '{{ $value | printf "%.0f" }}'
 _VD = "{{ $value | humanizeDuration }}"
 _VP = "{{ $value | humanizePercentage }}"
+
+
+def likely_text(record: str, cluster_label: str) -> str:
+    """ ": likely gpu throttling on host h1:9400", read from the likely-cause rule when the notification
+    is rendered (nothing when the cause is unknown or the rule has no series). A template query, not a
+    label: a cause that changes must not make a new alert and restart its ``for:``."""
+    selector = "%s{%s=%%q,run=%%q}" % (record, cluster_label)  # noqa: UP031 - Go template braces
+    return (
+        '{{ with query (printf "'
+        + selector.replace('"', '\\"')
+        + '" $labels.'
+        + cluster_label
+        + ' $labels.run) }}{{ with index . 0 }}{{ if ne .Labels.likely_cause "unknown" }}: likely '
+        '{{ reReplaceAll "_" " " .Labels.likely_cause }}{{ with .Labels.likely_host }} on host {{ . }}'
+        "{{ end }}{{ end }}{{ end }}{{ end }}"
+    )
+
+
+def with_team(expr: str, run_key: tuple[str, ...], likely_team: str) -> str:
+    """``expr`` labeled with the run's ``team`` (routing: infra or training) from the likely-team rule;
+    unjoined when the rule has no series for the run (a rule that lags or fails never drops a page)."""
+    on_run = f"on ({', '.join(run_key)})"
+    return f"(\n{expr}\n)\n* {on_run} group_left (team)\n{likely_team}\nor {on_run}\n(\n{expr}\n)"
 
 
 def _series(spec: MetricSpec, labels: Labels, suffix: str = "") -> str:

@@ -8,6 +8,7 @@ from babysitter.catalog import node as N
 from babysitter.catalog import runtime as R
 from babysitter.catalog import train as T
 from babysitter.generate.alerts._common import (
+    _GPU,
     _TRAIN,
     _V,
     _VD,
@@ -21,6 +22,8 @@ from babysitter.generate.alerts._common import (
     _stepping,
     _up_series,
     _with,
+    likely_text,
+    with_team,
 )
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.promql import by, new_or_increased, select
@@ -33,6 +36,7 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
     ts, c = cfg.tracker_selector, cfg.cluster_label
     run, on_run = by(r.run_key), f"on ({', '.join(r.run_key)})"
     stall_min = cfg.stall_min_seconds
+    likely = likely_text(r.likely_cause, c)
     remembered = f"max_over_time({r.last_step}[{cfg.stall_lookback_window}])"
     not_answering = f"max {run} ({select(N.TRAINER_SCRAPE_SUCCESS, cfg.node_selector)} == 0)"
     stalled = Alert(
@@ -42,16 +46,18 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
         # no longer answer the node agent (stopped, hard hang) falls back to the age of its last step,
         # remembered after its series vanish; so does a tracker too old to export the stall clock. A run
         # that finished unregistered itself and matches neither.
-        expr=(
+        expr=with_team(
             f"(\n  min {run} ({select(R.STALLED_SECONDS, ts)})\n  or {on_run}\n"
             f"  (\n    time() - {remembered}\n    and {on_run}\n"
             f"    ({r.last_step} or {on_run} {not_answering})\n  )\n)\n> {on_run}\n"
             f"(\n  ({cfg.stall_step_factor:g} * {r.step_baseline} > {stall_min})\n  or {on_run}\n"
-            f"  (0 * {remembered} + {stall_min})\n)"
+            f"  (0 * {remembered} + {stall_min})\n)",
+            r.run_key,
+            r.likely_team,
         ),
         severity="critical",
         component="training",
-        summary=f"Run {_l('run')} has not finished a step for {_VD}.",
+        summary=f"Run {_l('run')} has not finished a step for {_VD}{likely}.",
         description=(
             f"No rank of run {_l('run')} on cluster {_l(c)} finished a training step for {_VD}; the stall "
             f"threshold is max({stall_min}s, {cfg.stall_step_factor:g} x the run's mean step time over "
@@ -62,6 +68,10 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             series=(
                 # r1 hangs but its endpoint still answers; r2 keeps stepping.
                 *_stepping(_TRAIN, "0+60x20 1200+0x40"),
+                # r1's GPU threw an Xid 79 at 22m: the page names it and goes to infra.
+                (_series(T.INFO, _with(_TRAIN, uuid=_GPU["uuid"], pci_bus_id=_GPU["pci_bus_id"])), "1+0x60"),
+                (_series(N.GPU_UP, _GPU), "1+0x60"),
+                (_series(N.GPU_XID_ERRORS, _with(_GPU, xid="79", action="reset_gpu")), "_x22 1+0x38"),
                 *_stepping(_with(_TRAIN, run="r2"), "0+60x60"),
                 # r3 is stopped (SIGSTOP): its series vanish, the node agent's fetch of it fails.
                 *_stepping(_with(_TRAIN, run="r3"), "0+60x20"),
@@ -83,15 +93,22 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
             # 27m: r4's last samples (20m) have left the 5 m lookback, so only the stalled runs remain.
             fire_at="27m",
-            fire_labels=(_run_labels(), _run_labels("r3"), _run_labels("r6")),
+            fire_labels=(
+                {**_run_labels("r1"), "team": "infra"},
+                *({**_run_labels(name), "team": "training"} for name in ("r3", "r6")),
+            ),
             fire_text=tuple(
                 (
-                    f"Run {run_name} has not finished a step for {age}.",
+                    f"Run {run_name} has not finished a step for {age}{cause}.",
                     f"No rank of run {run_name} on cluster c1 finished a training step for {age}; the stall "
                     "threshold is max(240s, 10 x the run's mean step time over 1h). The job hangs "
                     "(collective, data loader, storage) or is stopped.",
                 )
-                for run_name, age in (("r1", "7m 0s"), ("r3", "7m 0s"), ("r6", "6m 30s"))
+                for run_name, age, cause in (
+                    ("r1", "7m 0s", ": likely gpu fault on host n1:9400"),
+                    ("r3", "7m 0s", ""),
+                    ("r6", "6m 30s", ""),
+                )
             ),
         ),
     )
@@ -161,19 +178,22 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
     mfu = r.mfu
     mfu_drop = Alert(
         name="TrainingMfuDrop",
-        expr=(
+        expr=with_team(
             f"{mfu}\n< {on_run}\n"
             f"({1 - cfg.mfu_drop_fraction:g} * "
             f"quantile_over_time(0.5, {mfu}[{cfg.mfu_baseline_window}]))"
-            f"\nand {on_run}\n{r.steps_rate} > 0"
+            f"\nand {on_run}\n{r.steps_rate} > 0",
+            r.run_key,
+            r.likely_team,
         ),
         severity="warning",
         component="training",
-        summary=f"MFU of run {_l('run')} dropped to {_VP}.",
+        summary=f"MFU of run {_l('run')} dropped to {_VP}{likely}.",
         description=(
             f"Run {_l('run')} on cluster {_l(c)} runs at {_VP} MFU, more than "
             f"{cfg.mfu_drop_fraction:.0%} below its median over the last {cfg.mfu_baseline_window}, "
-            f"while still stepping. Look for a slow node, throttling GPUs or a data stall."
+            f"while still stepping. Look for a slow node, throttling GPUs or a data stall: "
+            f"babysitter explain --run {_l('run')} --since 1h ranks the causes with their evidence."
         ),
         for_=cfg.mfu_drop_for,
         test=AlertTest(
@@ -184,15 +204,50 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
                 (_series(T.MODEL_FLOPS, _with(_TRAIN, run="r2")), "0+3000x200"),
                 (_series(T.PEAK_FLOPS, _with(_TRAIN, run="r2")), "100+0x200"),
                 (_series(T.STEPS, _with(_TRAIN, run="r2")), "0+60x200"),
+                # r3 drops the same way because rank 1 steps 1.5x slower from 120m, on a GPU (host
+                # n2) that reports thermal throttling from then on: the page names it, for infra.
+                (_series(T.MODEL_FLOPS, _with(_TRAIN, run="r3")), "0+3000x120 361800+1800x80"),
+                (_series(T.PEAK_FLOPS, _with(_TRAIN, run="r3")), "100+0x200"),
+                (_series(T.STEPS, _with(_TRAIN, run="r3")), "0+60x200"),
+                *(
+                    item
+                    for rank, step_sum in (("0", "0+60x200"), ("1", "0+60x120 7200+90x80"), ("2", "0+60x200"))
+                    for item in (
+                        (_series(T.STEP_DURATION, _with(_TRAIN, run="r3", rank=rank), "_sum"), step_sum),
+                        (_series(T.STEP_DURATION, _with(_TRAIN, run="r3", rank=rank), "_count"), "0+60x200"),
+                    )
+                ),
+                (
+                    _series(
+                        T.INFO,
+                        _with(_TRAIN, run="r3", rank="1", uuid=_GPU["uuid"], pci_bus_id=_GPU["pci_bus_id"]),
+                    ),
+                    "1+0x200",
+                ),
+                (_series(N.GPU_UP, _with(_GPU, instance="n2:9400")), "1+0x200"),
+                (
+                    _series(
+                        N.GPU_CLOCK_EVENT_ACTIVE,
+                        _with(_GPU, instance="n2:9400", reason="hw_thermal_slowdown"),
+                    ),
+                    "0+0x120 1+0x80",
+                ),
             ),
             quiet=(("100m", "MFU at its baseline"), ("150m", "before for:")),
             fire_at="160m",
-            fire_labels=(_run_labels(),),
+            fire_labels=({**_run_labels(), "team": "training"}, {**_run_labels("r3"), "team": "infra"}),
             fire_text=(
                 (
                     "MFU of run r1 dropped to 30%.",
                     "Run r1 on cluster c1 runs at 30% MFU, more than 20% below its median over the last "
-                    "6h, while still stepping. Look for a slow node, throttling GPUs or a data stall.",
+                    "6h, while still stepping. Look for a slow node, throttling GPUs or a data stall: "
+                    "babysitter explain --run r1 --since 1h ranks the causes with their evidence.",
+                ),
+                (
+                    "MFU of run r3 dropped to 30%: likely gpu throttling on host n2:9400.",
+                    "Run r3 on cluster c1 runs at 30% MFU, more than 20% below its median over the last "
+                    "6h, while still stepping. Look for a slow node, throttling GPUs or a data stall: "
+                    "babysitter explain --run r3 --since 1h ranks the causes with their evidence.",
                 ),
             ),
         ),

@@ -23,6 +23,8 @@ class RunRow:
     restarts: int | None = None
     #: False for a run Prometheus saw within the lookback that exports nothing now (ended or died).
     reporting: bool = True
+    #: Why its MFU dropped, one line from ``babysitter explain`` (None: it did not, or not known yet).
+    hint: str | None = None
 
 
 @dataclass(frozen=True)

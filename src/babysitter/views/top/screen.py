@@ -59,6 +59,9 @@ def render(frame: Frame) -> Any:
     if not frame.runs:
         runs.add_row("(no runs)", *[""] * (len(runs.columns) - 1))
     parts.append(runs)
+    for row in frame.runs:
+        if row.hint:
+            parts.append(Text(f"  {row.run}: {row.hint}", style="yellow"))
     nodes = Table(title="Nodes", title_justify="left", expand=False)
     for col in ("node", "GPUs up", "lost", "Xid (code x count)", "max temp", "util"):
         nodes.add_column(col, justify="left" if col in ("node", "lost", "Xid (code x count)") else "right")

@@ -17,13 +17,14 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from babysitter.catalog import goodput as G
 from babysitter.catalog import node as N
 from babysitter.catalog import train as T
 from babysitter.prom import PromClient, PromError
 from babysitter.views.top.frame import AlertRow, Frame, NodeRow, RunRow, gpu_key
+from babysitter.views.top.hints import RunHints
 
 __all__ = ["PROMETHEUS_METRICS", "MetricsSource", "PrometheusSource"]
 
@@ -74,9 +75,17 @@ class PrometheusSource:
     """Frames from a Prometheus server's HTTP API (``url`` like ``http://127.0.0.1:9090``)."""
 
     def __init__(
-        self, url: str, *, window: str = "1m", lookback: str = "15m", timeout: float = _TIMEOUT
+        self,
+        url: str,
+        *,
+        window: str = "1m",
+        lookback: str = "15m",
+        timeout: float = _TIMEOUT,
+        hints: bool = False,
     ) -> None:
         self._client = PromClient(url, timeout=timeout)
+        #: With ``hints``, runs whose MFU dropped get a one-line cause from ``babysitter explain``.
+        self._hints = RunHints(self._client) if hints else None
         self.url = self._client.url
         self.window = window
         self.lookback = lookback
@@ -140,6 +149,13 @@ class PrometheusSource:
             )
             + gone
         )
+        if self._hints is not None:
+            try:
+                found = self._hints.hints(row.run for row in runs if row.reporting)
+            except PromError as exc:
+                errors.append(str(exc))
+                found = {}
+            runs = tuple(replace(row, hint=found.get(row.run)) for row in runs)
         nodes = self._nodes(errors)
         alerts = self._alerts(errors)
         return Frame(time.time(), f"prometheus {self.url}", runs, nodes, alerts, tuple(errors))

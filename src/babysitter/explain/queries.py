@@ -1,0 +1,186 @@
+"""The PromQL ``babysitter explain`` runs, built from the catalog and the recording rules (no metric
+name is spelled here).
+
+Every query is an instant query over one run (``run`` and, when given, the cluster label), evaluated
+either at the end of the window or at the end of the baseline; ranges are whole seconds so any
+window works. Counters the ledger continues across restarts (badput, restarts) are read as their
+last value at two times and subtracted in Python (a restart on another host starts a new series
+at the old total, which ``increase()`` would miss); per-process counters use ``increase()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from babysitter.catalog import MetricSpec
+from babysitter.catalog import goodput as G
+from babysitter.catalog import node as N
+from babysitter.catalog import train as T
+from babysitter.generate.config import GenerateConfig
+from babysitter.generate.promql import by, eq, growth, join_matchers, select
+from babysitter.generate.rules import Records
+
+__all__ = ["ExplainQueries"]
+
+
+def _r(seconds: float) -> str:
+    return f"{max(1, round(seconds))}s"
+
+
+@dataclass(frozen=True)
+class ExplainQueries:
+    """The queries for one run; ``cfg`` names the recording rules exactly as ``babysitter generate``."""
+
+    run: str
+    cluster: str = ""
+    cfg: GenerateConfig = field(default_factory=GenerateConfig)
+    #: Resolution of the subqueries that find when something began.
+    step_seconds: int = 60
+
+    @property
+    def rules(self) -> Records:
+        """The recording rules read (the rank-to-GPU join, rank step times, the storage probe)."""
+        return Records(self.cfg)
+
+    @property
+    def matchers(self) -> str:
+        """``run="..."`` (and the cluster), the matchers every run-level query carries."""
+        parts = [eq("run", self.run)]
+        if self.cluster:
+            parts.append(eq(self.cfg.cluster_label, self.cluster))
+        return join_matchers(*parts)
+
+    def _t(self, spec: MetricSpec, *extra: str, suffix: str = "") -> str:
+        return select(spec, self.cfg.tracker_selector, self.matchers, *extra, suffix=suffix)
+
+    def _rule(self, record: str, *extra: str) -> str:
+        return f"{record}{{{join_matchers(self.matchers, *extra)}}}"
+
+    # --- throughput and job shape ---------------------------------------------------------------
+
+    def tokens(self, seconds: float) -> str:
+        """Tokens of the whole job in the range (each rank's share summed)."""
+        return f"sum(increase({self._t(T.TOKENS)}[{_r(seconds)}]))"
+
+    def steps(self, seconds: float) -> str:
+        """Optimizer steps in the range (every rank does every step: the most any rank did)."""
+        return f"max(increase({self._t(T.STEPS)}[{_r(seconds)}]))"
+
+    def model_flops(self, seconds: float) -> str:
+        """Model FLOPs of the ranks with a known peak in the range."""
+        return f"sum(increase({self._t(T.MODEL_FLOPS)}[{_r(seconds)}]))"
+
+    def peak(self, seconds: float) -> str:
+        """Summed dense peak of the ranks seen in the range."""
+        return f"sum(max_over_time({self._t(T.PEAK_FLOPS)}[{_r(seconds)}]))"
+
+    def ranks(self) -> str:
+        """Ranks reporting at the evaluation time (over the last rate window)."""
+        w = self.cfg.rate_window
+        return f"count(count by (rank) (last_over_time({self._t(T.STEPS)}[{w}])))"
+
+    # --- ranks and their GPUs (the join rules) ----------------------------------------------------
+
+    def rank_gpu(self, seconds: float) -> str:
+        """Each rank's GPU (uuid, host target, index, model) seen in the range."""
+        return f"last_over_time({self._rule(self.rules.rank_gpu)}[{_r(seconds)}])"
+
+    def rank_step_mean(self, seconds: float) -> str:
+        """Each rank's mean step time over the range."""
+        return f"avg_over_time({self._rule(self.rules.rank_step_mean)}[{_r(seconds)}])"
+
+    def rank_step_ratio(self, seconds: float) -> str:
+        """Each rank's step time over the median rank's, averaged over the range."""
+        return f"avg_over_time({self._rule(self.rules.rank_step_ratio)}[{_r(seconds)}])"
+
+    def straggling_since(self, seconds: float) -> str:
+        """When each rank first stepped slower than the straggler threshold in the range."""
+        ratio = f"{self._rule(self.rules.rank_step_ratio)} > {self.cfg.straggler_ratio:g}"
+        return f"min_over_time(timestamp({ratio})[{_r(seconds)}:{self.step_seconds}s])"
+
+    def throttle(self, seconds: float) -> str:
+        """Fraction of the range each throttling reason was active on each rank's GPU."""
+        return f"avg_over_time({self._rule(self.rules.rank_gpu_throttle)}[{_r(seconds)}])"
+
+    def throttled_since(self, seconds: float) -> str:
+        """When each throttling reason of each rank's GPU was first active in the range."""
+        active = f"{self._rule(self.rules.rank_gpu_throttle)} > 0"
+        return f"min_over_time(timestamp({active})[{_r(seconds)}:{self.step_seconds}s])"
+
+    def sm_clock(self, seconds: float) -> str:
+        """Mean SM clock of each rank's GPU over the range."""
+        return f"avg_over_time({self._rule(self.rules.rank_gpu_sm_clock)}[{_r(seconds)}])"
+
+    def temperature(self, seconds: float) -> str:
+        """Highest core temperature of each rank's GPU in the range."""
+        return f"max_over_time({self._rule(self.rules.rank_gpu_temperature)}[{_r(seconds)}])"
+
+    def _of_run(self, seconds: float) -> str:
+        return f"on ({self.cfg.cluster_label}, uuid) {self.rank_gpu(seconds)}"
+
+    def xid_new(self, window: float, memory: float) -> str:
+        """Xid errors new in the window on the run's GPUs, by GPU and code."""
+        ns = select(N.GPU_XID_ERRORS, self.cfg.node_selector, 'uuid!=""')
+        keep = by((self.cfg.cluster_label, "instance", *N.GPU_LABELS, "xid", "action"))
+        return f"sum {keep} ({growth(ns, _r(window), _r(memory))})\nand {self._of_run(window + memory)}"
+
+    def gpu_lost(self, window: float, memory: float) -> str:
+        """The run's GPUs that stopped answering in the window (their ``up`` 0 at some point)."""
+        up = select(N.GPU_UP, self.cfg.node_selector, 'uuid!=""')
+        return f"min_over_time({up}[{_r(window)}]) == 0\nand {self._of_run(window + memory)}"
+
+    def gpu_lost_since(self, window: float, memory: float) -> str:
+        """When each of the run's GPUs was first seen lost in the window."""
+        up = select(N.GPU_UP, self.cfg.node_selector, 'uuid!=""')
+        lost = f"timestamp({up} == 0)"
+        return (
+            f"min_over_time({lost}[{_r(window)}:{self.step_seconds}s])\nand {self._of_run(window + memory)}"
+        )
+
+    # --- where the time went (counters) -----------------------------------------------------------
+
+    def badput_last(self, lookback: float) -> str:
+        """The ledger's badput seconds by cause, the last value in ``lookback`` (continued counter)."""
+        return f"max by (cause) (last_over_time({self._t(G.BADPUT_SECONDS)}[{_r(lookback)}]))"
+
+    def restarts_last(self, lookback: float) -> str:
+        """The run's restart counter, its last value in ``lookback``."""
+        return f"max(last_over_time({self._t(G.RESTARTS)}[{_r(lookback)}]))"
+
+    def data_wait(self, seconds: float) -> str:
+        """Seconds each rank waited for input in the range."""
+        return f"sum by (rank) (increase({self._t(T.DATA_WAIT)}[{_r(seconds)}]))"
+
+    def save_seconds(self, seconds: float) -> str:
+        """Blocking checkpoint-save seconds of the slowest rank in the range."""
+        return f"max(increase({self._t(T.CKPT_SAVE_DURATION, suffix='_sum')}[{_r(seconds)}]))"
+
+    def saves(self, seconds: float) -> str:
+        """Checkpoint saves in the range (the most any rank made)."""
+        return f"max(increase({self._t(T.CKPT_SAVE_DURATION, suffix='_count')}[{_r(seconds)}]))"
+
+    def storage(self, seconds: float, hosts_seconds: float) -> str:
+        """Mean write + fsync time of the storage probe over the range, on the run's hosts, by path."""
+        c = self.cfg.cluster_label
+        probe = (
+            f"max by ({c}, instance, path) (avg_over_time({self.rules.storage_probe_total}[{_r(seconds)}]))"
+        )
+        hosts = (
+            f"group by ({c}, instance) (last_over_time({self._t(T.STEPS)}[{_r(hosts_seconds)}]))\n"
+            f"or group by ({c}, instance) ({self.rank_gpu(hosts_seconds)})"
+        )
+        return f"{probe}\nand on ({c}, instance)\n({hosts})"
+
+    # --- the loss -----------------------------------------------------------------------------------
+
+    def nonfinite(self, seconds: float) -> str:
+        """Non-finite loss values read in the range."""
+        return f"sum(increase({self._t(T.NONFINITE_LOSS)}[{_r(seconds)}]))"
+
+    def loss_max(self, seconds: float) -> str:
+        """Highest loss read in the range."""
+        return f"max(max_over_time({self._t(T.LOSS)}[{_r(seconds)}]))"
+
+    def loss_median(self, seconds: float) -> str:
+        """Median loss over the range."""
+        return f"max(quantile_over_time(0.5, {self._t(T.LOSS)}[{_r(seconds)}]))"

@@ -1,0 +1,288 @@
+"""``babysitter explain`` against a real Prometheus: each cause injected alone must be ranked first.
+
+One TSDB holds every scenario of :mod:`explain_scenarios` as its own cluster and run (2.5 hours of
+series at 30 s, backfilled with promtool, then the recording rules explain reads, backfilled the same
+way in the order they read each other). The confusion matrix (injected cause x cause ranked first) is
+printed and must be diagonal; combinations must rank both causes first and second, the healthy run
+must come back with nothing found and the list of what was checked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+
+from babysitter import catalog
+from babysitter.cli import main
+from babysitter.explain import CAUSES, TEAMS, Cause, ExplainQueries, Explanation, explain
+from babysitter.generate import GenerateConfig
+from babysitter.generate.distributed import central_metrics
+from babysitter.generate.rules import Records, recording_groups
+from babysitter.prom import PromClient
+from babysitter.views.top import Frame, RunRow, render
+from babysitter.views.top.hints import RunHints, hint_line
+from explain_scenarios import BASELINE, HISTORY, WINDOW, Scenario, write_openmetrics
+from test_scorecard_helpers import backfilled_prometheus, rule_stages
+
+#: Each scenario injects one cause; the cause explain must rank first ("none": nothing found).
+SINGLE: dict[str, tuple[Scenario, str]] = {
+    "throttle": (Scenario("throttle", slow={3: 1.8}, throttle=True), "gpu_throttling"),
+    "straggler": (Scenario("straggler", slow={2: 1.6}), "straggler"),
+    "xid": (Scenario("xid", xid_rank=1), "gpu_fault"),
+    "restart": (Scenario("restart", xid_rank=1, gpu_fault=False), "restart"),
+    "datawait": (Scenario("datawait", data_wait=0.5), "data_wait"),
+    "checkpoint": (Scenario("checkpoint", save_seconds=40.0, saves_in_window=6), "checkpoint"),
+    "storage": (Scenario("storage", save_seconds=150.0, storage_seconds=6.0), "storage"),
+    "eval": (Scenario("eval", eval_seconds=300.0), "phase"),
+    "shrink": (Scenario("shrink", leave=(2, 3)), "job_size"),
+    "loss": (Scenario("loss", bad_loss=True), "loss"),
+    "healthy": (Scenario("healthy"), "none"),
+}
+#: Two causes at once: the bigger one first, the other second.
+COMBINED: dict[str, tuple[Scenario, tuple[str, str]]] = {
+    "throttle+datawait": (
+        Scenario("throttle-datawait", slow={3: 2.0}, throttle=True, data_wait=0.2),
+        ("gpu_throttling", "data_wait"),
+    ),
+    "storage+eval": (
+        Scenario("storage-eval", save_seconds=400.0, storage_seconds=6.0, eval_seconds=150.0),
+        ("storage", "phase"),
+    ),
+    "xid+straggler": (Scenario("xid-straggler", xid_rank=1, slow={0: 1.3}), ("gpu_fault", "straggler")),
+}
+#: The recording rules explain reads (backfilled with whatever they read in turn).
+_CFG = GenerateConfig()
+
+
+def _read_rules() -> list[str]:
+    r = Records(_CFG)
+    return [
+        r.rank_gpu,
+        r.rank_step_mean,
+        r.rank_step_ratio,
+        r.rank_gpu_throttle,
+        r.rank_gpu_sm_clock,
+        r.rank_gpu_temperature,
+        r.storage_probe_total,
+    ]
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float]]:
+    """A Prometheus holding every scenario (module-scoped: one backfill for the whole file)."""
+    workdir = tmp_path_factory.mktemp("explain")
+    end = math.floor(time.time() / 7200) * 7200 - 7200
+    scenarios = [sc for sc, _ in SINGLE.values()] + [sc for sc, _ in COMBINED.values()]
+    data = write_openmetrics(scenarios, end, workdir / "series.om")
+    stages = []
+    for index, chunk in enumerate(rule_stages(recording_groups(_CFG), _read_rules())):
+        path = workdir / f"rules-{index}.yaml"
+        path.write_text(yaml.safe_dump({"groups": [{"name": f"stage-{index}", "rules": chunk}]}))
+        stages.append(path)
+    with backfilled_prometheus(
+        workdir, [data], stages, start=end - HISTORY, end=end, eval_interval="1m", lookback="5m"
+    ) as url:
+        yield url, end
+
+
+def _explain(prom: tuple[str, float], sc: Scenario) -> Explanation:
+    url, end = prom
+    return explain(PromClient(url), sc.name, end=end, window=WINDOW, baseline=BASELINE, cluster=sc.cluster)
+
+
+def test_each_cause_alone_is_ranked_first(prom: tuple[str, float]) -> None:
+    """The confusion matrix of the single-cause scenarios is diagonal (printed for the docs)."""
+    got: dict[str, str] = {}
+    text: dict[str, list[str]] = {}
+    for name, (sc, _) in SINGLE.items():
+        answer = _explain(prom, sc)
+        got[name] = answer.top.key if answer.top else "none"
+        text[name] = answer.lines()
+    labels = [want for _, want in SINGLE.values()]
+    labels += sorted(set(got.values()) - set(labels))
+    print("\n| injected \\ ranked first | " + " | ".join(f"`{c}`" for c in labels) + " |")
+    print("|---|" + "---|" * len(labels))
+    for name, (_, want) in SINGLE.items():
+        print(f"| `{want}` ({name}) | " + " | ".join("1" if got[name] == c else "" for c in labels) + " |")
+    for name in SINGLE:
+        print("\n".join(text[name]))
+    assert got == {name: want for name, (_, want) in SINGLE.items()}
+
+
+@pytest.mark.parametrize("name", list(COMBINED))
+def test_combined_causes_ranked_by_time(prom: tuple[str, float], name: str) -> None:
+    """Two causes at once: both found, the one that cost more time first."""
+    sc, want = COMBINED[name]
+    answer = _explain(prom, sc)
+    print("\n".join(answer.lines()))
+    assert [c.key for c in answer.causes[:2]] == list(want)
+    assert answer.causes[0].seconds > answer.causes[1].seconds > 0
+
+
+def test_throttle_evidence_names_rank_host_gpu_and_clocks(prom: tuple[str, float]) -> None:
+    """The throttled rank's line says where it runs, how slow it is and what its GPU reports."""
+    answer = _explain(prom, SINGLE["throttle"][0])
+    cause = answer.causes[0]
+    assert cause.ranks == ["3"] and cause.hosts == ["sc-throttle-h1:9946"] and cause.team == "infra"
+    assert "rank 3 (host sc-throttle-h1:9946, GPU 1)" in cause.text
+    assert "hw_slowdown + hw_thermal_slowdown" in cause.text
+    # The GPU throttles from a minute before the window: 60 s of 1.1 GHz in the baseline hour.
+    assert f"SM clock 1.10 GHz vs {(1.98 * 3540 + 1.1 * 60) / 3600:.2f} GHz" in cause.text
+    # Rank 3 at 1.8x: 1 - 1/1.8 of the window is lost, and so are the tokens/s. The step-time rule's
+    # 5-minute rate window ramps up over the window's first 5 minutes, so up to 5/30 of it may be missed.
+    full = WINDOW * (1 - 1 / 1.8)
+    ramp = 1 - 300 / WINDOW
+    assert full * ramp <= cause.seconds <= full * 1.02
+    assert answer.lost_seconds * ramp <= cause.seconds <= answer.lost_seconds * 1.02
+    assert cause.share is not None and cause.share > 0.8
+
+
+def test_healthy_run_says_nothing_found_and_what_was_checked(prom: tuple[str, float]) -> None:
+    """The control: no cause, and every cause listed as checked."""
+    answer = _explain(prom, SINGLE["healthy"][0])
+    assert answer.causes == []
+    assert answer.lost_seconds < 0.02 * WINDOW
+    assert set(answer.checked) == set(CAUSES)
+    assert answer.lines()[-1].startswith("nothing found. Checked: ")
+
+
+def test_cli_text_and_json(
+    prom: tuple[str, float], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``babysitter explain`` prints the ranked causes and writes the same answer as JSON."""
+    url, end = prom
+    out = tmp_path / "explain.json"
+    argv = ["explain", "--prometheus", url, "--run", "xid", "--cluster", "sc-xid", "--at", str(end)]
+    assert main([*argv, "--window", "30m", "--baseline", "1h", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "1. [" in printed and "Xid 79 (reset_gpu)" in printed and "restart(s) followed" in printed
+    data = json.loads(out.read_text())
+    assert data["causes"][0]["key"] == "gpu_fault" and data["causes"][0]["team"] == "infra"
+    assert data["causes"][0]["ranks"] == ["1"]
+    assert data["queries"]["xid_new"] == ExplainQueries("xid", "sc-xid").xid_new(WINDOW, BASELINE)
+
+
+def test_cli_unknown_run_exits_1(prom: tuple[str, float], capsys: pytest.CaptureFixture[str]) -> None:
+    """A run Prometheus has no series of is an error that names it, not an empty answer."""
+    url, end = prom
+    assert main(["explain", "--prometheus", url, "--run", "nope", "--at", str(end)]) == 1
+    assert "no series of run 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--since", "1x"],
+        ["--at", "yesterday"],
+        ["--since", "30m", "--at", "1700000000"],
+        ["--baseline", "0s"],
+        ["--rate-window", "5 minutes"],
+        ["--cluster-label", "not a label"],
+    ],
+)
+def test_cli_bad_arguments_exit_2(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad times and durations fail before any query, with a message."""
+    argv = ["explain", "--prometheus", "http://127.0.0.1:9", "--run", "r1", *extra]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own checks
+        code = exc.code  # type: ignore[assignment]
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "babysitter explain" in err and "Connection refused" not in err
+
+
+def test_cli_unreachable_prometheus_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """Prometheus down: exit 2 and the client's message."""
+    assert main(["explain", "--prometheus", "http://127.0.0.1:9", "--run", "r1", "--timeout", "2"]) == 2
+    assert "babysitter explain: http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_explain_reads_only_what_the_central_tier_keeps(prom: tuple[str, float]) -> None:
+    """Every metric explain queries survives the per-rack agents' drop list, so it works centrally."""
+    answer = _explain(prom, SINGLE["throttle"][0])
+    text = "\n".join(answer.queries.values())
+    read = {
+        spec.name for spec in catalog.ALL if re.search(rf"(?<![\w:]){re.escape(spec.name)}(?![\w:])", text)
+    }
+    assert read, "the queries name catalog metrics"
+    assert read <= central_metrics(_CFG), read - central_metrics(_CFG)
+
+
+def _wait_for(hints: RunHints, runs: list[str], run: str) -> dict[str, str]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = hints.hints(runs)
+        if run in found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"no hint for {run} within 60 s")
+
+
+def test_top_hint_for_a_run_whose_mfu_dropped(prom: tuple[str, float]) -> None:
+    """``babysitter top`` explains only the runs whose MFU dropped, in one line naming the cause."""
+    url, end = prom
+    hints = RunHints(PromClient(url), now=lambda: end, window=WINDOW, baseline=BASELINE)
+    found = _wait_for(hints, ["throttle", "healthy", "loss"], "throttle")
+    assert found["throttle"].startswith("likely gpu throttling (")
+    assert "rank 3 (host sc-throttle-h1:9946, GPU 1)" in found["throttle"]
+    assert set(found) == {"throttle"}, "runs at their usual MFU get no hint"
+
+
+def test_top_hint_never_waits_for_explain(prom: tuple[str, float]) -> None:
+    """While an explanation runs, the view gets what is ready (nothing yet) instead of waiting."""
+    url, end = prom
+    started, release = threading.Event(), threading.Event()
+
+    def slow(*args: object, **kwargs: object) -> Explanation:
+        started.set()
+        release.wait(60)
+        return explain(*args, **kwargs)  # type: ignore[arg-type]
+
+    hints = RunHints(PromClient(url), now=lambda: end, window=WINDOW, baseline=BASELINE, explainer=slow)
+    assert hints.hints(["datawait"]) == {}
+    assert started.wait(30), "the explanation was asked for"
+    assert hints.hints(["datawait"]) == {}, "a pending explanation does not block the refresh"
+    release.set()
+    assert _wait_for(hints, ["datawait"], "datawait")["datawait"].startswith("likely data wait")
+
+
+def test_hint_line_is_short_and_says_when_nothing_was_found() -> None:
+    """The top hint is the first cause in one bounded line; nothing found says so."""
+    empty = Explanation("r1", "", 0.0, 900.0, 3600.0, 1.0, 2.0, None, None, 450.0, [], {"loss": "no"})
+    assert hint_line(empty).startswith("MFU dropped; explain found no cause")
+    cause = Cause("data_wait", "x" * 500, 400.0, "training", share=0.89)
+    line = hint_line(Explanation("r1", "", 0.0, 900.0, 3600.0, 1.0, 2.0, None, None, 450.0, [cause], {}))
+    assert line.startswith("likely data wait (89% of the lost time): xxx") and len(line) == 160
+
+
+def test_top_shows_the_hint_under_the_runs() -> None:
+    """A run's hint is printed under the runs table; a run without one gets no line."""
+    frame = Frame(
+        time.time(),
+        "test",
+        runs=(
+            RunRow("r1", 4, mfu=0.2, hint="likely data wait (89% of the lost time): every rank"),
+            RunRow("r2", 4),
+        ),
+    )
+    console = Console(record=True, width=200, color_system=None)
+    console.print(render(frame))
+    text = console.export_text()
+    assert "  r1: likely data wait (89% of the lost time): every rank" in text
+    assert "r2:" not in text
+
+
+def test_every_cause_has_a_team() -> None:
+    """Each cause explain checks routes to infra or training (the alerts' rule shares its teams)."""
+    assert set(TEAMS) == set(CAUSES)
+    assert set(TEAMS.values()) == {"infra", "training"}
