@@ -584,8 +584,13 @@ class _Demo:
             run=RUN_NAME,
             cluster=CLUSTER,
             cfg=demo_generate_config(),
-            on_line=lambda line: self.say(line, style="bold cyan"),
+            on_line=self._explained,
         )
+
+    def _explained(self, line: str) -> None:
+        from rich.markup import escape
+
+        self.say(escape(line), style="bold cyan")
 
     def explained_summary(self) -> None:
         """The explanations, again, after the fault table; faults explained too late are said so."""
@@ -598,8 +603,8 @@ class _Demo:
         for event in self.scenario.events:
             if event.event in EXPLAINED_EVENTS and id(event) not in shown:
                 self.console.print(
-                    f"not explained {event.describe()}: it needs {self.explainer.delay:g} s of the "
-                    "scenario after it",
+                    f"not explained {event.describe()}: no answer before the end (explain looks at "
+                    f"the {self.explainer.delay:g} s after the fault)",
                     soft_wrap=True,
                     highlight=False,
                     markup=False,
