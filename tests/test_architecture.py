@@ -82,6 +82,8 @@ SIDEWAYS: frozenset[tuple[str, str]] = frozenset(
         ("babysitter.demo", "babysitter.generate"),
         ("babysitter.demo", "babysitter.node"),
         ("babysitter.demo", "babysitter.views"),
+        # The demo explains its throttle fault on screen.
+        ("babysitter.demo", "babysitter.explain"),
     }
 )
 

@@ -26,7 +26,10 @@ from promkit import ALERTMANAGER, PROMETHEUS, require_binary
 # freeze (SIGSTOP: the process answers nothing), each long enough for the fast profile's 15 s stall
 # threshold plus the ~4 s of scrape, evaluation and group wait, the hang 11 s after the restart (its
 # first steps must be done, or the watchdog is still in its startup allowance), the freeze once the
-# hang's page has resolved; 106 s in all (the test passes --duration 106).
+# hang's page has resolved; 106 s in all (the test passes --duration 106). The training's GPU (1: the
+# demo's CPU training claims the first throttled GPU) throttles 4 s after the hang, so that the
+# hang's badput lies before the 14 s the demo explains; the freeze at 80 s overlaps them, which
+# costs steps but no cause explain times.
 SCENARIO = {
     "duration": 600,  # cut to 106 s by --duration
     "gpus": 8,
@@ -35,6 +38,7 @@ SCENARIO = {
         {"at": 30, "event": "xid79", "gpu": 5},
         {"at": 36, "event": "kill", "restart_after": 3},
         {"at": 50, "event": "hang", "seconds": 22},
+        {"at": 76, "event": "throttle", "gpu": 1, "reasons": ["hw_slowdown"]},
         {"at": 80, "event": "freeze", "seconds": 22},
     ],
 }
@@ -160,7 +164,17 @@ def test_demo_pages_every_fault_and_reports_the_ledgers_goodput(tmp_path: Path) 
     for line in out.splitlines():
         if m := re.match(r"\[\+\s*([\d.]+)s\] FAULT (.*)", line):
             fault_at[m.group(2)] = float(m.group(1))
-    assert len(fault_at) == 5, out
+    assert len(fault_at) == 6, out
+    # The throttle fault is explained on screen (explain in-process, the demo's fast profile), its GPU
+    # joined to the training's rank through train_info, throttling ranked first; and again at the end.
+    shown = re.search(
+        r"\[\+\s*([\d.]+)s\] explained GPU 1 throttles \(hw_slowdown\): gpu throttling \(infra, [^)]*\): "
+        r"rank 0 \(host [^,]+, GPU 1\) .*that GPU reports hw_slowdown",
+        out,
+    )
+    assert "GPU 1 throttles (hw_slowdown)" in fault_at, out
+    assert shown and float(shown.group(1)) >= 76 + 14, out  # 14 s after the fault's scripted time
+    assert re.search(r"^explained GPU 1 throttles \(hw_slowdown\): gpu throttling \(infra", out, re.M), out
     for name in PAGED:
         assert re.search(rf"\] PAGE critical {name} ", out), f"{name} not paged:\n{out}"
         assert re.search(rf"\] CHAT critical {name} ", out), f"{name} not in chat:\n{out}"

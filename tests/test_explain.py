@@ -286,3 +286,27 @@ def test_every_cause_has_a_team() -> None:
     """Each cause explain checks routes to infra or training (the alerts' rule shares its teams)."""
     assert set(TEAMS) == set(CAUSES)
     assert set(TEAMS.values()) == {"infra", "training"}
+
+
+def test_demo_shows_the_throttle_fault_explained(prom: tuple[str, float]) -> None:
+    """``babysitter demo``'s explainer (a background thread, in-process explain) names throttling first
+    for a throttle fault, in the line the demo prints; here over the throttle scenario's backfilled
+    series, with the rules' config they were recorded with (the demo passes its fast profile)."""
+    from babysitter.demo.explainer import FaultExplainer
+    from babysitter.demo.scenario import DemoEvent
+
+    url, end = prom
+    sc = SINGLE["throttle"][0]
+    lines: list[str] = []
+    explainer = FaultExplainer(
+        url, run=sc.name, cluster=sc.cluster, cfg=_CFG, on_line=lines.append, delay=WINDOW, baseline=BASELINE
+    )
+    fault = DemoEvent(end - WINDOW, "throttle", 1, {"reasons": ["hw_slowdown", "hw_thermal_slowdown"]})
+    explainer.schedule(fault, end - WINDOW)  # due at ``end``, long past: explained at once
+    explainer.close(wait=30)
+    assert [r.top_key for r in explainer.results] == ["gpu_throttling"]
+    assert len(lines) == 1 and lines[0] == explainer.results[0].line()
+    assert lines[0].startswith(
+        "explained GPU 1 throttles (hw_slowdown + hw_thermal_slowdown): gpu throttling (infra, "
+    )
+    assert "of the lost time): rank 3 (host sc-throttle-h1:9946, GPU 1) step time 1.7x" in lines[0]

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from babysitter.demo.explainer import EXPLAINED_EVENTS, FaultExplainer
 from babysitter.demo.pager import Page, PagerServer
 from babysitter.demo.remediation import AuditTail, describe, remediate_policy, write_job_map
 from babysitter.demo.routing import RoutingError, demo_alertmanager_config, load_routing, shipped_routing
@@ -64,6 +65,8 @@ PAGE_GRACE = 8.0
 #: trainer fetches); both must end before Prometheus's scrape timeout (stack.SCRAPE_TIMEOUT, 1 s).
 TRAINER_TIMEOUT = 0.5
 COLLECTOR_TIMEOUT = 0.8
+#: Seconds the closing report waits for an explanation still being computed.
+EXPLAIN_GRACE = 10.0
 #: Unscripted exits of the training process tolerated before the demo gives up (a broken install).
 _MAX_CRASHES = 3
 
@@ -240,6 +243,11 @@ class _Demo:
         self.dashboards: Path | None = None
         #: What the dry-run remediator decided: ``(line, audit line)``, in order.
         self.remediations: list[tuple[str, str]] = []
+        #: Explains the throttle faults on screen (None: no Prometheus).
+        self.explainer: FaultExplainer | None = None
+        #: The simulated GPU the CPU training claims in train_info: the first throttled one, else 0.
+        throttled = [e.gpu for e in self.scenario.events if e.event == "throttle" and e.gpu is not None]
+        self.claimed_gpu = throttled[0] if throttled else 0
 
     # -------------------------------------------------------------------------------- start
 
@@ -453,6 +461,7 @@ class _Demo:
                 "--events", json.dumps(self.scenario.trainer_events()),
                 "--pace", repr(self.o.pace),
                 "--checkpoint-interval", repr(self.o.checkpoint_interval),
+                "--simulated-gpu", str(self.claimed_gpu),
             ],
         )  # fmt: skip
 
@@ -494,6 +503,8 @@ class _Demo:
             while todo and self.t0 + todo[0].at <= now:
                 event = todo.pop(0)
                 self.view.event(event)
+                if event.event in EXPLAINED_EVENTS and self.explainer is not None:
+                    self.explainer.schedule(event, self.t0 + event.at)
                 if event.event in PROCESS_EVENTS:
                     timers.extend(self._process_fault(event, now))
             for item in sorted(t for t in timers if t[0] <= now):
@@ -563,6 +574,41 @@ class _Demo:
             time.sleep(0.5)
             results = match_pages(self.scenario.events, self.pager.snapshot(), self.t0)
         self.show_remediations()
+
+    def start_explainer(self) -> None:
+        """Explain the throttle faults with the rules this Prometheus records (the demo's fast profile)."""
+        if self.prometheus_url is None:
+            return
+        self.explainer = FaultExplainer(
+            self.prometheus_url,
+            run=RUN_NAME,
+            cluster=CLUSTER,
+            cfg=demo_generate_config(),
+            on_line=self._explained,
+        )
+
+    def _explained(self, line: str) -> None:
+        from rich.markup import escape
+
+        self.say(escape(line), style="bold cyan")
+
+    def explained_summary(self) -> None:
+        """The explanations, again, after the fault table; faults explained too late are said so."""
+        if self.explainer is None:
+            return
+        self.explainer.close(wait=EXPLAIN_GRACE)
+        shown = {id(r.event) for r in self.explainer.results}
+        for result in self.explainer.results:
+            self.console.print(result.line(), soft_wrap=True, highlight=False, markup=False)
+        for event in self.scenario.events:
+            if event.event in EXPLAINED_EVENTS and id(event) not in shown:
+                self.console.print(
+                    f"not explained {event.describe()}: no answer before the end (explain looks at "
+                    f"the {self.explainer.delay:g} s after the fault)",
+                    soft_wrap=True,
+                    highlight=False,
+                    markup=False,
+                )
 
     def remediation_summary(self) -> None:
         """What the dry-run remediator would have done, in one line after the fault table."""
@@ -687,6 +733,7 @@ def run_demo(options: DemoOptions, console: Any) -> int:
             demo.point_prometheus()
             demo.start_trainer()
             demo.write_stack_file()
+            demo.start_explainer()
             demo.say(
                 f"stack up: {demo.scenario.gpus} simulated {demo.scenario.gpu_model} GPUs (node agent "
                 f"http://{demo.agent_address}), tiny GPT training on CPU"
@@ -710,6 +757,7 @@ def run_demo(options: DemoOptions, console: Any) -> int:
             demo.wait_for_pages()
             results = demo.fault_table()
             demo.remediation_summary()
+            demo.explained_summary()
             demo.report()
             if demo.binaries.missing():
                 demo.say(

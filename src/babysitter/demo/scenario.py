@@ -106,6 +106,10 @@ class DemoEvent:
             return f"Xid 79 on GPU {self.gpu}: fallen off the bus"
         if self.event == "recover":
             return f"GPU {self.gpu} back (reset)"
+        if self.event == "throttle":
+            return f"GPU {self.gpu} throttles ({' + '.join(map(str, self.args.get('reasons', ())))})"
+        if self.event == "clear_throttle":
+            return f"GPU {self.gpu} stops throttling"
         extra = " ".join(f"{k}={v}" for k, v in self.args.items())
         return f"GPU {self.gpu}: {self.event} {extra}".rstrip()
 
@@ -231,7 +235,10 @@ def load_scenario(path: Path) -> Scenario:
 
 #: The default story, about two minutes: each fault well apart so every page is easy to follow.
 DEFAULT_SCENARIO: dict[str, Any] = {
-    "description": "healthy stretch, slow checkpoint, Xid 79, training killed and restarted, hang, recovery",
+    "description": (
+        "healthy stretch, slow checkpoint, Xid 79, training killed and restarted, hang, "
+        "recovery while the training's GPU throttles (explained on screen)"
+    ),
     "duration": 125,
     "gpus": 8,
     "gpu_model": "H100",
@@ -241,6 +248,7 @@ DEFAULT_SCENARIO: dict[str, Any] = {
         {"at": 48, "event": "kill", "restart_after": 4},
         {"at": 58, "event": "recover", "gpu": 3},
         {"at": 72, "event": "hang", "seconds": 28},
+        {"at": 103, "event": "throttle", "gpu": 6, "reasons": ["hw_slowdown", "hw_thermal_slowdown"]},
     ],
 }
 

@@ -20,6 +20,12 @@ Steps are paced (``--pace`` seconds each at least; the pause sits inside the ste
 would) so the demo leaves CPU for everything else on a small machine. MFU is measured against the
 single-thread float32 matmul throughput of this CPU, calibrated once per run and kept in the run
 directory, so restarts compare against the same peak.
+
+A CPU has no GPU, so ``train_info`` would carry no ``uuid`` and the rank-to-GPU join (docs/rank-gpu.md)
+would see nothing of the simulated node. With ``--simulated-gpu N`` (the demo passes it; nothing else
+does) this process claims the simulated node's GPU ``N``: its uuid and bus id exactly as the node
+agent's simulator exports them (:func:`simulated_gpu_labels`), set where ``watch()`` puts what it reads
+from torch and NVML on a CUDA rank. Without the option, as in any real CPU run, there is no GPU.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HANG_FLOOR", "TinyConfig", "main"]
+__all__ = ["HANG_FLOOR", "TinyConfig", "main", "simulated_gpu_labels"]
 
 log = logging.getLogger("babysitter.demo.trainer")
 
@@ -137,6 +143,15 @@ def _peak(run_dir: Path) -> float:
     return value
 
 
+def simulated_gpu_labels(index: int) -> dict[str, str]:
+    """``train_info``'s GPU labels for the node agent's simulated GPU ``index`` (demo and tests only)."""
+    from babysitter.labels import normalize_pci_bus_id
+    from babysitter.node.gpu.fake import fake_gpus
+
+    gpu = fake_gpus(index + 1)[index]
+    return {"uuid": gpu.uuid, "pci_bus_id": normalize_pci_bus_id(gpu.pci_bus_id)}
+
+
 def _checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
     found = []
     with contextlib.suppress(OSError):
@@ -170,6 +185,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--max-steps", type=int, default=0, help="stop after this global step (0: until SIGTERM)")
     p.add_argument("--cluster", default="demo")
+    p.add_argument(
+        "--simulated-gpu",
+        type=int,
+        default=None,
+        help="demo only: claim the simulated node's GPU N in train_info (a CPU run has no GPU of its own)",
+    )
     return p.parse_args(argv)
 
 
@@ -223,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         timing="cpu",
         hang_floor=args.hang_floor,
     )
+    if args.simulated_gpu is not None:
+        tracker.gpu = simulated_gpu_labels(args.simulated_gpu)
     step = 0
     existing = _checkpoints(ckpt_dir)
     if existing:
