@@ -43,6 +43,7 @@ from babysitter.node.gpu.fake import FakeGpu, FakeNvml
 
 __all__ = [
     "BUILTIN_SCENARIOS",
+    "EVENTS",
     "GPU_MODELS",
     "GpuModel",
     "ScenarioEvent",
@@ -84,7 +85,8 @@ GPU_MODELS: dict[str, GpuModel] = {
     ),
 }
 
-_EVENTS = frozenset(
+#: The faults a scenario may script.
+EVENTS = frozenset(
     {
         "xid",
         "xid79",
@@ -159,8 +161,8 @@ def parse_scenario(data: object, gpu_count: int) -> list[ScenarioEvent]:
         if not isinstance(item, dict):
             raise ValueError(f"{where}: not an object")
         kind = item.get("event")
-        if kind not in _EVENTS:
-            raise ValueError(f"{where}: unknown event {kind!r}; one of {', '.join(sorted(_EVENTS))}")
+        if kind not in EVENTS:
+            raise ValueError(f"{where}: unknown event {kind!r}; one of {', '.join(sorted(EVENTS))}")
         try:
             at = float(item.get("at", 0.0))
             gpu = int(item.get("gpu", 0))
