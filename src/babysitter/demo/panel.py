@@ -15,6 +15,7 @@ from typing import Any
 
 from babysitter.demo.scenario import DemoEvent
 from babysitter.views.top import Frame
+from babysitter.views.top.cells import pct, secs
 
 __all__ = ["MAX_ALERTS", "MAX_HEIGHT", "panel"]
 
@@ -26,20 +27,6 @@ _WIDTH = 80
 _NAME = 12
 _ALERT = 26
 _ABOUT = 16
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
-
-
-def _secs(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value < 1:
-        return f"{value * 1000:.0f}ms"
-    if value < 120:
-        return f"{value:.1f}s"
-    return f"{value / 60:.0f}m"
 
 
 def _bounded(text: str, limit: int) -> str:
@@ -78,11 +65,11 @@ def panel(frame: Frame | None, next_event: DemoEvent | None, *, t0: float, durat
             runs.add_row(
                 Text(name, style="" if row.reporting else "bold red"),
                 "-" if row.step is None else str(row.step),
-                _pct(row.mfu),
-                _pct(row.goodput),
-                _secs(row.step_seconds),
-                _secs(row.last_step_age),
-                _secs(row.checkpoint_age),
+                pct(row.mfu),
+                pct(row.goodput),
+                secs(row.step_seconds),
+                secs(row.last_step_age),
+                secs(row.checkpoint_age),
                 "-" if row.restarts is None else str(row.restarts),
             )
         if not frame.runs:
@@ -96,7 +83,7 @@ def panel(frame: Frame | None, next_event: DemoEvent | None, *, t0: float, durat
                 Text(_bounded(",".join(node.lost) or "-", 8), style="bold red" if node.lost else ""),
                 _bounded(" ".join(f"{c}x{n}" for c, n in sorted(node.xids.items())) or "-", 14),
                 "-" if node.max_temperature is None else f"{node.max_temperature:.0f}C",
-                _pct(node.mean_utilization),
+                pct(node.mean_utilization),
             )
         parts.append(nodes)
         if frame.alerts:
@@ -104,7 +91,7 @@ def panel(frame: Frame | None, next_event: DemoEvent | None, *, t0: float, durat
             ordered = sorted(frame.alerts, key=lambda a: (a.state != "firing", a.severity != "critical"))
             for a in ordered[:MAX_ALERTS]:
                 about = " ".join(f"{k}={a.labels[k]}" for k in ("run", "gpu", "xid") if k in a.labels)
-                since = "-" if a.since is None else _secs(max(0.0, frame.time - a.since))
+                since = "-" if a.since is None else secs(max(0.0, frame.time - a.since))
                 style = "bold red" if a.state == "firing" and a.severity == "critical" else None
                 alerts.add_row(
                     _bounded(a.name, _ALERT), a.state, a.severity, _bounded(about, _ABOUT), since, style=style

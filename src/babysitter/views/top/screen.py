@@ -6,25 +6,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from babysitter.views.top.cells import pct, secs
 from babysitter.views.top.frame import Frame, Source, gpu_key
 
 __all__ = ["render", "run_top"]
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
-
-
-def _secs(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value < 1:
-        return f"{value * 1000:.0f}ms"
-    if value < 120:
-        return f"{value:.1f}s"
-    if value < 7200:
-        return f"{value / 60:.0f}m"
-    return f"{value / 3600:.1f}h"
 
 
 def render(frame: Frame) -> Any:
@@ -46,11 +31,11 @@ def render(frame: Frame) -> Any:
             row.run if row.reporting else Text(f"{row.run} (not reporting)", style="bold red"),
             str(row.ranks),
             "-" if row.step is None else str(row.step),
-            _pct(row.mfu),
-            _pct(row.goodput),
-            _secs(row.step_seconds),
-            Text(_secs(row.last_step_age), style="bold red" if stale else ""),
-            _secs(row.checkpoint_age),
+            pct(row.mfu),
+            pct(row.goodput),
+            secs(row.step_seconds),
+            Text(secs(row.last_step_age), style="bold red" if stale else ""),
+            secs(row.checkpoint_age),
             "-" if row.restarts is None else str(row.restarts),
         ]
         if frame.alerts is not None:
@@ -78,7 +63,7 @@ def render(frame: Frame) -> Any:
                 style="yellow" if node.xids else "",
             ),
             "-" if node.max_temperature is None else f"{node.max_temperature:.0f}C",
-            _pct(node.mean_utilization),
+            pct(node.mean_utilization),
         ]
         if frame.alerts is not None:
             cells.append(Text(", ".join(a.name for a in frame.alerts_for_node(node.instance)), style="red"))
@@ -91,7 +76,7 @@ def render(frame: Frame) -> Any:
         for col in ("alert", "state", "severity", "about", "for"):
             alerts.add_column(col)
         for a in frame.alerts:
-            since = "-" if a.since is None else _secs(max(0.0, frame.time - a.since))
+            since = "-" if a.since is None else secs(max(0.0, frame.time - a.since))
             style = "bold red" if a.state == "firing" and a.severity == "critical" else None
             alerts.add_row(a.name, a.state, a.severity, a.subject(), since, style=style)
         if not frame.alerts:
