@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from machine import cpu_model
+
 logging.getLogger("lightning").setLevel(logging.ERROR)
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -185,16 +187,6 @@ def hf_end_to_end(steps: int, with_callback: bool) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=400)
@@ -220,7 +212,7 @@ def main() -> None:
         "# Callback overhead benchmark",
         "",
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"- Machine: {_cpu()}, {os.cpu_count()} logical CPUs (shared with other work), "
+        f"- Machine: {cpu_model()}, {os.cpu_count()} logical CPUs (shared with other work), "
         f"{torch.get_num_threads()} torch threads, "
         f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
         f"torch {torch.__version__}",

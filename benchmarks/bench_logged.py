@@ -25,6 +25,7 @@ from pathlib import Path
 import babysitter
 from babysitter.integrations._logged import LoggedValues
 from babysitter.ledger.writer import ENV_FLUSH
+from machine import cpu_model
 
 
 def _tracker(run_dir: str) -> babysitter.Tracker:
@@ -85,16 +86,6 @@ def goodput_seconds(ledger_steps: int, repeats: int = 5) -> tuple[float, float, 
             tracker.close()
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=300)
@@ -111,7 +102,7 @@ def main() -> None:
         "# Logged values benchmark",
         "",
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"- Machine: {_cpu()}, {os.cpu_count()} logical CPUs (shared with other work, load {load:.1f}), "
+        f"- Machine: {cpu_model()}, {os.cpu_count()} logical CPUs (shared with other work, load {load:.1f}), "
         f"{platform.system()} {platform.release()}, Python {platform.python_version()}",
         f"- Command: `.venv/bin/python benchmarks/bench_logged.py --calls {args.calls} "
         f"--steps-per-log {args.steps_per_log} --ledger-steps {args.ledger_steps}`",

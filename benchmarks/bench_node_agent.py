@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 from babysitter import registration
 from babysitter.node.config import AgentConfig
 from babysitter.node.daemon import build
+from machine import cpu_model
 
 TRACKER = textwrap.dedent(
     """
@@ -53,16 +54,6 @@ class _Frozen(Collector):
 
     def collect(self):  # type: ignore[no-untyped-def]
         return self.families
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> int:
@@ -132,7 +123,7 @@ def main() -> int:
     header = (
         f"## {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {args.gpus} simulated GPUs, "
         f"{args.trainers} trainers\n\n"
-        f"Machine: {_cpu_model()}, {os.cpu_count()} logical CPUs (shared with other jobs), "
+        f"Machine: {cpu_model()}, {os.cpu_count()} logical CPUs (shared with other jobs), "
         f"Python {platform.python_version()}, {platform.system()} {platform.release()}.\n"
         f"Command: `python benchmarks/bench_node_agent.py --gpus {args.gpus} --trainers {args.trainers} "
         f"--scrapes {args.scrapes}`\n\n| measure | value |\n|---|---|\n"

@@ -1,0 +1,19 @@
+"""What the benchmarks record about the machine they ran on (imported by the scripts beside it)."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+__all__ = ["cpu_model"]
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what the platform module knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
