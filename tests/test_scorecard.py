@@ -159,10 +159,13 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> object:
         path.write_text(yaml.safe_dump({"groups": [{"name": f"stage-{index}", "rules": chunk}]}))
         stages.append(path)
     start = end - DAYS * DAY
-    # The simulation samples every 30 min: a 35 min lookback lets instant selectors see each sample
-    # until the next, as 15 s scrapes would.
+    # The simulation samples every 30 min: a 30 min lookback lets instant selectors see each sample
+    # until the next, as 15 s scrapes would. Not more: a backfilled rule series has no staleness
+    # marker, and with 35 min the Xid rule's last sample of a 2 h window was read again by the next
+    # 2 h step of the scorecard's subquery whenever the group's evaluation offset was over 25 min,
+    # counting that error twice (CI: restart_app 3 for 2).
     with backfilled_prometheus(
-        workdir, files, stages, start=start, end=end, eval_interval="30m", lookback="35m"
+        workdir, files, stages, start=start, end=end, eval_interval="30m", lookback="30m"
     ) as url:
         yield url, end, workdir
 

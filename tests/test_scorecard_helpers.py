@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
 import subprocess
 import time
@@ -281,9 +282,13 @@ def backfilled_prometheus(
     [start, end] (``promtool tsdb create-blocks-from rules``, in order: a stage may read the results
     of the ones before it), and serve the result with Prometheus on a loopback port; yields the URL.
 
-    This is what a Prometheus that evaluated the rules over those 30 days would hold. With samples
-    sparser than a scrape interval, give a ``lookback`` above their spacing: instant selectors (in the
-    rules and in queries) then see each sample until the next, as they would with 15 s scrapes."""
+    This is what a Prometheus that evaluated the rules over those 30 days would hold, less one thing:
+    backfilled rules carry no staleness markers, so a rule series that stops (a ``> 0`` filter, an
+    Xid window that closes) stays visible for ``lookback`` after its last sample, where a live
+    Prometheus would have marked it stale. With samples sparser than a scrape interval, give a
+    ``lookback`` equal to ``eval_interval`` and to the raw samples' spacing, not above: instant
+    selectors then see each sample until the next, as they would with 15 s scrapes, and a stopped
+    rule series no longer than that."""
     require_binary(PROMTOOL, "promtool")
     require_binary(PROMETHEUS, "prometheus")
     data = workdir / "tsdb"
@@ -307,8 +312,11 @@ def backfilled_prometheus(
                     f"--url={url}",
                     f"--output-dir={out}",
                     f"--eval-interval={eval_interval}",
-                    str(rules),
+                    # Relative: Prometheus offsets a group's evaluations within the interval by a hash
+                    # of its name and file path, and a temp dir's path would make that offset random.
+                    os.path.relpath(rules, workdir),
                 ],
+                cwd=workdir,
                 check=True,
                 capture_output=True,
                 timeout=600,
