@@ -57,6 +57,9 @@ class Scenario:
     leave: tuple[int, ...] = ()
     #: Non-finite losses and a loss spike at window start + 600 s.
     bad_loss: bool = False
+    #: Seconds the job stops stepping (process up, nothing booked) from 20 min before the window:
+    #: the step-time rules read 0/0 = NaN then, inside the baseline.
+    baseline_hang: float = 0.0
 
     @property
     def cluster(self) -> str:
@@ -125,6 +128,7 @@ def scenario_lines(sc: Scenario, end: float, out: _Out) -> None:
             blocked += max(0.0, overlap)
             ledger["eval"] += max(0.0, overlap)
         is_down = down is not None and down[0] <= t < down[1]
+        hung = t0 - 1200 < t <= t0 - 1200 + sc.baseline_hang
         if down is not None and tick_start < down[1] <= t:
             # The restart: the ledger books the downtime, the steps since the last save, the startup.
             ledger["restarts"] += 1
@@ -137,7 +141,7 @@ def scenario_lines(sc: Scenario, end: float, out: _Out) -> None:
         wait = sc.data_wait if in_window else 0.02
         own = {r: (sc.slow.get(r, 1.0) if in_window else 1.0) * 1.0 + wait for r in ranks}
         pace = max(own.values())
-        steps = 0.0 if is_down else max(0.0, TICK - blocked) / pace
+        steps = 0.0 if is_down or hung else max(0.0, TICK - blocked) / pace
         if not is_down:
             for r in ranks:
                 c = counters[r]

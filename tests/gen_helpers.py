@@ -417,6 +417,18 @@ class WebhookReceiver:
                 if alert.get("status") == "firing"
             ]
 
+    def pages(self) -> list[dict[str, Any]]:
+        """Every firing alert delivered to a pager so far: infra's (``/pager``) or a team's
+        (``/pager-<team>``, routed by the alert's ``team`` label)."""
+        with self._lock:
+            paths = {where for where, _ in self.received}
+        return [
+            a
+            for where in sorted(paths)
+            if re.fullmatch(r"/pager(-[\w-]+)?", where)
+            for a in self.alerts(where)
+        ]
+
 
 class AlertmanagerServer:
     """A real Alertmanager on a loopback port, clustering off, with the given config text."""

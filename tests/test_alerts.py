@@ -13,6 +13,7 @@ import yaml
 
 from babysitter.generate import GenerateConfig, fast
 from babysitter.generate.alerts import alerts
+from babysitter.generate.rules import LIKELY_CAUSES
 from babysitter.generate.writer import render, write
 from gen_helpers import REPO, known_series_names, promtool, referenced_names, require_promtool
 
@@ -192,6 +193,31 @@ class TestAlertmanagerExample:
         """Critical pages and goes to chat; warnings and infos go to chat only."""
         result = self._amtool("config", "routes", "test", f"--config.file={self.CONFIG}", *labels)
         assert result.stdout.strip() == receivers, result.stdout + result.stderr
+
+    @pytest.mark.prometheus
+    def test_pages_go_to_the_likely_causes_team(self) -> None:
+        """A page whose run carries ``team`` goes to that team's on-call; without one, to infra's.
+
+        The teams are the ones the likely-cause rule can write (it says ``training`` when nothing
+        is found): a new team without a route fails here."""
+        pagers = {"infra": "pager", "training": "pager-training"}
+        teams = {team for _, team in LIKELY_CAUSES} | {"training"}
+        assert teams == set(pagers)
+        for alert in ("TrainingStalled", "TrainingMfuDrop"):
+            for team, pager in pagers.items():
+                labels = (f"alertname={alert}", "severity=critical", "component=training", "run=r1")
+                result = self._amtool(
+                    "config", "routes", "test", f"--config.file={self.CONFIG}", *labels, f"team={team}"
+                )
+                assert result.stdout.strip() == f"{pager},chat", result.stdout + result.stderr
+        # A host's alerts stay with infra whatever a run's team is.
+        labels = ("severity=critical", "component=gpu", "instance=n1:9400", "team=training")
+        result = self._amtool("config", "routes", "test", f"--config.file={self.CONFIG}", *labels)
+        assert result.stdout.strip() == "pager,chat", result.stdout + result.stderr
+        # Warnings (an MFU drop) go to the shared chat, their team label in the message.
+        labels = ("severity=warning", "component=training", "run=r1", "team=training")
+        result = self._amtool("config", "routes", "test", f"--config.file={self.CONFIG}", *labels)
+        assert result.stdout.strip() == "chat", result.stdout + result.stderr
 
     def test_inhibitions_name_real_alerts_and_labels(self) -> None:
         """Every alert name and component an inhibition matches exists in the generated rules."""

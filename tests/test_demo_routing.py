@@ -59,7 +59,7 @@ def test_shipped_routing_with_the_demos_receivers(tmp_path: Path) -> None:
     assert [r["receiver"] for r in route["routes"][1:]] == ["pager", "chat", "chat"], "shipped order kept"
     assert config["inhibit_rules"] == load_routing(shipped_routing() or Path()).get("inhibit_rules")
     urls = {r["name"]: r["webhook_configs"][0]["url"] for r in config["receivers"]}  # type: ignore[attr-defined]
-    assert set(urls) == {"pager", "chat", REMEDIATE_RECEIVER}
+    assert set(urls) == {"pager", "pager-training", "chat", REMEDIATE_RECEIVER}
     assert all(url.startswith(f"http://127.0.0.1:{pager.port}/") for url in urls.values())
     if Path(AMTOOL).exists():
         out = subprocess.run(
@@ -105,6 +105,8 @@ def test_real_alertmanager_routes_by_severity_and_inhibits(tmp_path: Path) -> No
         )
         alerts = [
             _alert("TrainingStalled", "critical", "training", run="demo"),
+            # The same page for a run whose likely cause is the training team's: their pager.
+            _alert("TrainingStalled", "critical", "training", run="demo2", team="training"),
             # Warnings: the overdue checkpoint is explained by the stall (inhibited), the low goodput is not.
             _alert("CheckpointOverdue", "warning", "checkpoint", run="demo"),
             _alert("TrainingGoodputLow", "warning", "training", run="demo"),
@@ -119,6 +121,7 @@ def test_real_alertmanager_routes_by_severity_and_inhibits(tmp_path: Path) -> No
             assert response.status == 200
         want = {
             ("TrainingStalled", "pager"),
+            ("TrainingStalled", "pager-training"),
             ("TrainingStalled", "chat"),
             ("TrainingGoodputLow", "chat"),
             ("GpuXidCritical", "pager"),

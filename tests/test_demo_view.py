@@ -37,6 +37,8 @@ def test_piped_output_is_lines_with_a_status_now_and_then() -> None:
     view.page(_page("resolved"))
     view.page(_page("firing", "chat"))
     view.page(_page("resolved", "chat"))
+    view.page(_page("firing", "pager-training"))
+    view.page(_page("resolved", "pager-training"))
     view.update(FRAME, None)
     view.update(FRAME, None)  # within status_every: no second status
     view.stop()
@@ -47,6 +49,12 @@ def test_piped_output_is_lines_with_a_status_now_and_then() -> None:
     # Each line says which receiver of the routing it went to: PAGE for the pager, else its name.
     assert "CHAT critical GpuDown instance=127.0.0.1:9946 gpu=3: GPU 3 does not answer." in lines[3]
     assert lines[4].endswith("RESOLVED GpuDown instance=127.0.0.1:9946 gpu=3 (to chat)")
+    # A team's pager (routed by the alert's team label) pages too, and the line names whose.
+    assert (
+        "PAGE critical GpuDown instance=127.0.0.1:9946 gpu=3: GPU 3 does not answer. (to pager-training)"
+        in (lines[5])
+    )
+    assert lines[6].endswith("RESOLVED GpuDown instance=127.0.0.1:9946 gpu=3 (to pager-training)")
     assert sum("run demo: step 120, MFU 5.0%, goodput 80.0%" in line for line in lines) == 1
     assert sum("7/8 GPUs up Xid 79 x1" in line for line in lines) == 1
 

@@ -59,6 +59,9 @@ COMBINED: dict[str, tuple[Scenario, tuple[str, str]]] = {
     ),
     "xid+straggler": (Scenario("xid-straggler", xid_rank=1, slow={0: 1.3}), ("gpu_fault", "straggler")),
 }
+#: Every GPU throttles, so no rank is slower than its peers: the cost is measured against the
+#: baseline's step time, and the baseline holds a 15-minute hang (step-time rules NaN for 10 of it).
+UNIFORM = Scenario("uniform-throttle", slow=dict.fromkeys(range(4), 1.8), throttle=True, baseline_hang=900.0)
 #: The recording rules explain reads (backfilled with whatever they read in turn).
 _CFG = GenerateConfig()
 
@@ -81,15 +84,16 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float]
     """A Prometheus holding every scenario (module-scoped: one backfill for the whole file)."""
     workdir = tmp_path_factory.mktemp("explain")
     end = math.floor(time.time() / 7200) * 7200 - 7200
-    scenarios = [sc for sc, _ in SINGLE.values()] + [sc for sc, _ in COMBINED.values()]
+    scenarios = [sc for sc, _ in SINGLE.values()] + [sc for sc, _ in COMBINED.values()] + [UNIFORM]
     data = write_openmetrics(scenarios, end, workdir / "series.om")
     stages = []
     for index, chunk in enumerate(rule_stages(recording_groups(_CFG), _read_rules())):
         path = workdir / f"rules-{index}.yaml"
         path.write_text(yaml.safe_dump({"groups": [{"name": f"stage-{index}", "rules": chunk}]}))
         stages.append(path)
+    # Lookback = the rules' evaluation interval: backfilled rules have no staleness markers.
     with backfilled_prometheus(
-        workdir, [data], stages, start=end - HISTORY, end=end, eval_interval="1m", lookback="5m"
+        workdir, [data], stages, start=end - HISTORY, end=end, eval_interval="1m", lookback="1m"
     ) as url:
         yield url, end
 
@@ -144,6 +148,20 @@ def test_throttle_evidence_names_rank_host_gpu_and_clocks(prom: tuple[str, float
     assert full * ramp <= cause.seconds <= full * 1.02
     assert answer.lost_seconds * ramp <= cause.seconds <= answer.lost_seconds * 1.02
     assert cause.share is not None and cause.share > 0.8
+
+
+def test_uniform_throttle_is_timed_against_a_baseline_that_held_a_hang(prom: tuple[str, float]) -> None:
+    """A hang in the baseline leaves the step-time rules NaN for a while; the baseline's step time
+    is the mean of its finite values, so the throttling still costs its time (it read "no time
+    measured, step time unknown" when one NaN made the baseline mean NaN)."""
+    answer = _explain(prom, UNIFORM)
+    print("\n".join(answer.lines()))
+    cause = answer.top
+    assert cause is not None and cause.key == "gpu_throttling"
+    assert "x the run's baseline" in cause.text
+    # Every rank steps at 1.82 s in the window against 1.02 s before it.
+    full = WINDOW * (1 - 1.02 / 1.82)
+    assert full * (1 - 300 / WINDOW) <= cause.seconds <= full * 1.02
 
 
 def test_healthy_run_says_nothing_found_and_what_was_checked(prom: tuple[str, float]) -> None:

@@ -104,6 +104,7 @@ def test_node_agents_are_scraped_every_15s_at_most() -> None:
         ("GpuDown", {"severity": "critical", "component": "gpu"}, 300),
         ("CheckpointMissing", {"severity": "critical", "component": "checkpoint"}, 300),
         ("TrainingStalled", {"severity": "critical", "component": "training"}, 300),
+        ("TrainingStalled", {"severity": "critical", "component": "training", "team": "training"}, 300),
     ],
 )
 def test_worst_case_fault_to_page_fits_the_goal(alertname: str, labels: dict[str, str], budget: int) -> None:
@@ -113,7 +114,7 @@ def test_worst_case_fault_to_page_fits_the_goal(alertname: str, labels: dict[str
     the recording rule TrainingStalled reads is not on the path: its stall clock comes from the scrape."""
     group, rule = _rule(alertname)
     route = _route_for({**labels, "alertname": alertname})
-    assert route["receiver"] == "pager"
+    assert route["receiver"] == ("pager-training" if labels.get("team") == "training" else "pager")
     scrape = max(seconds for _, seconds in _scrape_intervals())
     evaluation = parse_duration(group.get("interval", f"{DEFAULT_EVALUATION}s"))
     hold = parse_duration(rule.get("for", "0s"))

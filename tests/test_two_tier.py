@@ -66,7 +66,7 @@ def _agent_job(generated: Path, address: str) -> dict[str, Any]:
 def _pages(hook: WebhookReceiver, tier: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
     """Firing pages from one tier: (alertname, labels without the tier's own)."""
     out = set()
-    for alert in hook.alerts("/pager"):
+    for alert in hook.pages():
         labels = alert["labels"]
         if labels.get("tier") == tier and alert.get("status") == "firing":
             key = tuple(sorted((k, v) for k, v in labels.items() if k not in _TIER_LABELS))
@@ -254,7 +254,7 @@ def test_two_tier_pages_and_values_match_a_single_prometheus(tmp_path: Path) -> 
         assert time.monotonic() - killed >= parse_duration(cfg.rack_silent_window) - 1
         racks = {
             alert["labels"].get("rack")
-            for alert in hook.alerts("/pager")
+            for alert in hook.pages()
             if alert["labels"]["alertname"] == "RackMetricsMissing"
         }
         assert racks == {"b"}, missing

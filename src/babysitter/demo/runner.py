@@ -656,7 +656,8 @@ class _Demo:
             if self.routing_path is not None:
                 self.console.print(
                     f"routing: {self.routing_path} (receivers pointed at the demo, waits shortened); "
-                    "PAGE lines went to the pager receiver",
+                    "PAGE lines went to a pager receiver (pager, or a team's pager-<team>, "
+                    "named on the line)",
                     soft_wrap=True,
                     highlight=False,
                 )

@@ -21,8 +21,9 @@ __all__ = ["DemoView", "receiver_verb"]
 
 
 def receiver_verb(receiver: str) -> str:
-    """How a line names the receiver a notification went to: ``PAGE`` for the pager, else its name."""
-    return "PAGE" if receiver in ("", "pager") else receiver.upper()
+    """How a line names the receiver a notification went to: ``PAGE`` for a pager (infra's ``pager``
+    or a team's ``pager-<team>``, which the line then names), else the receiver's name."""
+    return "PAGE" if receiver in ("", "pager") or receiver.startswith("pager-") else receiver.upper()
 
 
 def _run_status(run: RunRow) -> str:
@@ -101,11 +102,13 @@ class DemoView:
                     f"{self._clock(page.received)} {verb} {page.severity} {page.name} {page.subject()}: "
                     f"{page.summary}"
                 )
+                if verb == "PAGE" and page.receiver not in ("", "pager"):
+                    line += f" (to {page.receiver})"
                 paged = "bold red" if page.severity == "critical" else "red"
                 style = paged if verb == "PAGE" else "yellow"
             else:
                 line = f"{self._clock(page.received)} RESOLVED {page.name} {page.subject()}"
-                if verb != "PAGE":
+                if page.receiver not in ("", "pager"):
                     line += f" (to {page.receiver})"
                 style = "green"
             self.console.print(line, style=style, soft_wrap=True, highlight=False, markup=False)

@@ -85,13 +85,23 @@ class ExplainQueries:
         """Each rank's GPU (uuid, host target, index, model) seen in the range."""
         return f"last_over_time({self._rule(self.rules.rank_gpu)}[{_r(seconds)}])"
 
+    def _finite_mean(self, record: str, seconds: float) -> str:
+        """Mean of a rule's finite values over the range.
+
+        The step-time rules divide two rates, so while a run does not step (a hang, a restart's
+        downtime) they are 0/0 = NaN, and one NaN makes ``avg_over_time`` NaN: a baseline that
+        overlapped a hang would have no step time at all. ``x == x`` drops the NaN samples; the
+        subquery samples the range at 1/60 of its length (at least 1 s)."""
+        rule = self._rule(record)
+        return f"avg_over_time(({rule} == {rule})[{_r(seconds)}:{_r(seconds / 60)}])"
+
     def rank_step_mean(self, seconds: float) -> str:
-        """Each rank's mean step time over the range."""
-        return f"avg_over_time({self._rule(self.rules.rank_step_mean)}[{_r(seconds)}])"
+        """Each rank's mean step time over the range (its stepping time only)."""
+        return self._finite_mean(self.rules.rank_step_mean, seconds)
 
     def rank_step_ratio(self, seconds: float) -> str:
-        """Each rank's step time over the median rank's, averaged over the range."""
-        return f"avg_over_time({self._rule(self.rules.rank_step_ratio)}[{_r(seconds)}])"
+        """Each rank's step time over the median rank's, averaged over the range (stepping time only)."""
+        return self._finite_mean(self.rules.rank_step_ratio, seconds)
 
     def straggling_since(self, seconds: float) -> str:
         """When each rank first stepped slower than the straggler threshold in the range."""
