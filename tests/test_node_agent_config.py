@@ -39,13 +39,13 @@ class TestSources:
         """Each source overrides the one below it, field by field."""
         cfg = tmp_path / "agent.json"
         cfg.write_text(
-            json.dumps({"listen-address": "10.0.0.1:1000", "trainer_timeout": 7, "collector_timeout": 3})
+            json.dumps({"listen-address": "10.0.0.1:1000", "trainer_timeout": 7, "collector_timeout": 8})
         )
         env = {"BABYSITTER_NODE_TRAINER_TIMEOUT": "5", "BABYSITTER_NODE_LISTEN_ADDRESS": "10.0.0.2:2000"}
         c = parse("--config", str(cfg), "--listen-address", "0.0.0.0:3000", env=env)
         assert c.listen_address == "0.0.0.0:3000"
         assert c.trainer_timeout == 5.0
-        assert c.collector_timeout == 3.0
+        assert c.collector_timeout == 8.0
 
     def test_toml_file_and_collectors_table(self, tmp_path: Path) -> None:
         """A TOML file (Python 3.11+) can switch collectors and give lists of paths."""
@@ -90,6 +90,8 @@ class TestErrors:
             (["--scenario", "x.json"], "--simulate"),
             (["--gpu-backend", "rocm"], "one of"),
             (["--trainer-timeout", "0"], "positive"),
+            (["--trainer-timeout", "10"], "below the collector timeout"),
+            (["--trainer-timeout", "3", "--collector-timeout", "2"], "below the collector timeout"),
             (["--simulate", "two"], "simulate"),
         ],
     )
@@ -160,7 +162,17 @@ class TestCommand:
         """A GPU whose NVML calls hang: the gpu collector is reported failed, SIGTERM still stops the agent."""
         scenario = tmp_path / "hang.json"
         scenario.write_text(json.dumps([{"at": 0, "gpu": 0, "event": "hang", "seconds": 600}]))
-        proc = _agent(tmp_path, "--simulate", "1", "--scenario", str(scenario), "--collector-timeout", "0.5")
+        proc = _agent(
+            tmp_path,
+            "--simulate",
+            "1",
+            "--scenario",
+            str(scenario),
+            "--collector-timeout",
+            "0.5",
+            "--trainer-timeout",
+            "0.2",
+        )
         try:
             address = read_port_file(tmp_path / "addr")
             with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:

@@ -38,18 +38,18 @@ def _rule(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     raise AssertionError(f"no alert {name} in alerts/babysitter-alerts.yaml")
 
 
-def _scrape_intervals() -> list[tuple[str, int]]:
-    """Every node-agent job of every shipped Prometheus config with its effective scrape interval."""
+def _scrape_intervals(key: str = "scrape_interval", fallback: int = DEFAULT_SCRAPE) -> list[tuple[str, int]]:
+    """Every node-agent job of every shipped Prometheus config with its effective ``key`` setting."""
     found = []
     for path in sorted((REPO / "exporters").rglob("*.yml")):
         data = yaml.safe_load(path.read_text())
         if not isinstance(data, dict) or not data.get("scrape_configs"):
             continue
-        default = (data.get("global") or {}).get("scrape_interval")
+        default = (data.get("global") or {}).get(key)
         for job in data["scrape_configs"]:
             if str(job.get("job_name", "")).startswith("babysitter-node"):
-                interval = job.get("scrape_interval", default)
-                seconds = parse_duration(interval) if interval else DEFAULT_SCRAPE
+                interval = job.get(key, default)
+                seconds = parse_duration(interval) if interval else fallback
                 found.append((f"{path.relative_to(REPO)}:{job['job_name']}", seconds))
     return found
 
@@ -89,6 +89,17 @@ def test_every_group_with_a_paging_alert_sets_its_evaluation_interval() -> None:
         if "critical" in severities:
             assert "interval" in group, group["name"]
             assert parse_duration(group["interval"]) <= 15, group["name"]
+
+
+def test_node_agent_scrapes_wait_longer_than_the_agents_collector_deadline() -> None:
+    """The agent answers a scrape once its slowest collector is done or past ``--collector-timeout``
+    (10 s): a scrape timeout at or below that drops the whole host (``up`` 0, NodeAgentDown, every
+    GPU series gone) when one collector hangs, instead of the agent reporting that collector failed.
+    The shipped configs had 10 s."""
+    timeouts = _scrape_intervals("scrape_timeout", 10)  # Prometheus' default scrape timeout: 10 s
+    assert timeouts
+    deadline = AgentConfig().collector_timeout
+    assert all(seconds > deadline for _, seconds in timeouts), (deadline, timeouts)
 
 
 def test_node_agents_are_scraped_every_15s_at_most() -> None:

@@ -395,6 +395,13 @@ def _validate(c: AgentConfig) -> None:
     ):
         if not value > 0:
             raise ConfigError(f"{name} must be positive, got {value}")
+    if c.collectors.get("trainers", True) and c.trainer_timeout >= c.collector_timeout:
+        # A round of trainer fetches takes up to the trainer timeout: at or above the collector's
+        # deadline, one hung trainer would mark the whole trainers collector failed every scrape.
+        raise ConfigError(
+            f"trainer timeout ({c.trainer_timeout:g} s) must be below the collector timeout "
+            f"({c.collector_timeout:g} s): one hung trainer would fail the whole collector"
+        )
     if c.storage_size <= 0 or c.checkpoint_keep_last <= 0:
         raise ConfigError("storage size and checkpoint keep-last must be positive")
     if c.collectors.get("storage") and not c.storage_path:
