@@ -1,4 +1,4 @@
-"""The scorecard: PromQL against a real Prometheus holding 30 days of two simulated clusters.
+"""The scorecard: PromQL against a real Prometheus holding 14 days of two simulated clusters.
 
 The clusters differ in speed (MFU), fault rate (restarts, Xid errors), checkpoint bandwidth and
 storage latency; the scorecard must find each number the simulation put in and rank the better
@@ -56,7 +56,7 @@ BAD = SimCluster(
     probe_lemons=1,
     other_model_mfu=0.9,
 )
-DAYS = 30
+DAYS = 14
 STEP = 1800.0
 
 
@@ -144,7 +144,7 @@ class TestRender:
 
 @pytest.fixture(scope="module")
 def backfilled(tmp_path_factory: pytest.TempPathFactory) -> object:
-    """A Prometheus holding 30 days of the two clusters (module-scoped: the backfill takes seconds)."""
+    """A Prometheus holding DAYS days of the two clusters (module-scoped: the backfill takes seconds)."""
     workdir = tmp_path_factory.mktemp("scorecard")
     end = math.floor(time.time() / 7200) * 7200 - 7200
     files = openmetrics_days([GOOD, BAD], workdir, end=end, days=DAYS, step=STEP)
@@ -240,7 +240,8 @@ class TestBackfilledClusters:
     ) -> None:
         """Grouping by a label no series has finds no clusters: exit 1 with a message, not a crash."""
         url, end, _ = backfilled
-        argv = ["scorecard", "--prometheus", url, "--window", "30d", "--at", str(end), "--by", "provider"]
+        argv = ["scorecard", "--prometheus", url, "--window", f"{DAYS}d", "--at", str(end)]
+        argv += ["--by", "provider"]
         args = build_parser().parse_args(argv)
         assert args.func(args) == 1
 
@@ -249,7 +250,7 @@ class TestBackfilledClusters:
     ) -> None:
         """The default output is a table with both clusters, best first, and Xid rates by action."""
         url, end, _ = backfilled
-        argv = ["scorecard", "--prometheus", url, "--window", "30d", "--at", str(end)]
+        argv = ["scorecard", "--prometheus", url, "--window", f"{DAYS}d", "--at", str(end)]
         argv += ["--rate-window", "2h", "--step", "30m", "--mfu-match", f'model="{MODEL}"']
         args = build_parser().parse_args(argv)
         assert args.func(args) == 0
