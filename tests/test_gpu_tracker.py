@@ -341,3 +341,8 @@ def test_train_info_names_the_ranks_gpu_as_the_node_agent_does(tmp_path: Path) -
     assert _internal_errors(tracker) == {}
     assert exported.get(info["uuid"]) == info["pci_bus_id"], (info, exported)
     assert info["uuid"].removeprefix("GPU-") == torch_uuid.removeprefix("GPU-")
+    # Without nvidia-ml-py the rank spells torch's UUID itself: it must be NVML's spelling exactly.
+    from babysitter.training.gpu import torch_uuid as spelled
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    assert spelled(props) == info["uuid"], (str(props.uuid), info["uuid"])

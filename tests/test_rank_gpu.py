@@ -118,15 +118,45 @@ def test_nvml_errors_give_no_labels_counted_and_logged_once(
     assert nvml._init_count == 0
 
 
-def test_missing_nvml_or_old_torch_gives_no_labels() -> None:
-    """No nvidia-ml-py (ImportError), or a torch whose properties lack the PCI fields."""
-    errors = Tally("internal error")
+@dataclass
+class _PropsWithUuid(_Props):
+    """torch's properties with ``uuid``: CUDA's bytes, which torch prints as 8-4-4-4-12 hex."""
 
-    def missing() -> Any:
-        raise ImportError("no pynvml")
+    uuid: object = None
 
+
+def _missing() -> Any:
+    raise ImportError("no pynvml")
+
+
+def test_without_nvml_the_uuid_comes_from_torch_in_the_agents_spelling() -> None:
+    """No nvidia-ml-py: torch's UUID (printed without NVML's ``GPU-``) and bus id still name the GPU
+    exactly as the node agent's series do, with no error counted."""
     nvml = _nvml()
-    assert rank_gpu.gpu_labels(_Torch({0: _props_of(nvml, 0)}), 0, errors, nvml=missing)["uuid"] == ""
+    props = {i: _PropsWithUuid(*vars(_props_of(nvml, i)).values()) for i in range(4)}
+    for i, p in props.items():
+        p.uuid = nvml.gpu(i).uuid.removeprefix("GPU-").upper()  # whatever case torch prints
+    errors = Tally("internal error")
+    labels = rank_gpu.gpu_labels(_Torch(props), 3, errors, nvml=_missing)
+    assert (labels["uuid"], labels["pci_bus_id"]) == _agent_labels(nvml)[nvml.gpu(3).uuid]
+    assert errors.counts() == {}
+
+
+@pytest.mark.parametrize("uuid", [None, "", "not-a-uuid", "0" * 32])
+def test_without_nvml_and_no_usable_torch_uuid_gives_no_labels(uuid: object) -> None:
+    """A torch whose properties have no UUID, or one in a shape NVML would not print: no labels."""
+    nvml = _nvml()
+    props = _PropsWithUuid(*vars(_props_of(nvml, 0)).values(), uuid=uuid)
+    errors = Tally("internal error")
+    assert rank_gpu.gpu_labels(_Torch({0: props}), 0, errors, nvml=_missing) == {"uuid": "", "pci_bus_id": ""}
+    assert errors.counts() == {"gpu_identity": 1}
+
+
+def test_missing_nvml_or_old_torch_gives_no_labels() -> None:
+    """No nvidia-ml-py and a torch without ``uuid``, or a torch whose properties lack the PCI fields."""
+    errors = Tally("internal error")
+    nvml = _nvml()
+    assert rank_gpu.gpu_labels(_Torch({0: _props_of(nvml, 0)}), 0, errors, nvml=_missing)["uuid"] == ""
     assert rank_gpu.gpu_labels(_Torch({0: object()}), 0, errors, nvml=lambda: nvml)["uuid"] == ""
     assert errors.counts() == {"gpu_identity": 2}
 

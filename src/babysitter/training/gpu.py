@@ -6,6 +6,12 @@ agent knows GPUs by NVML. So the PCI address comes from torch's device propertie
 synchronizes, no kernel), and NVML, asked by that address, gives the UUID and its own spelling of the
 address, normalized as the node agent normalizes it (``0000:53:00``).
 
+Without nvidia-ml-py (many training images lack it) the UUID comes from torch's device properties
+instead: CUDA's 16 bytes, which torch prints as ``8-4-4-4-12`` hex and NVML as the same hex after
+``GPU-``; the address is then torch's, normalized the same way. Under MIG, CUDA's UUID is the MIG
+instance's, which the node agent's per-GPU series do not carry: the join then finds nothing, as it
+would with NVML.
+
 Runs once, at ``watch()``, on a rank whose model is on a CUDA device. A CPU run, a torch without PCI
 fields in its device properties, or any NVML failure gives empty labels: counted once in
 ``babysitter_internal_errors_total{where="gpu_identity"}``, logged once, never raised.
@@ -14,6 +20,7 @@ fields in its device properties, or any NVML failure gives empty labels: counted
 from __future__ import annotations
 
 import importlib
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -22,7 +29,7 @@ from babysitter.catalog import train as T
 from babysitter.labels import normalize_pci_bus_id, sanitize_value
 from babysitter.training.tally import Tally
 
-__all__ = ["RankNvml", "gpu_labels", "load_nvml", "nvml_bus_id"]
+__all__ = ["RankNvml", "gpu_labels", "load_nvml", "nvml_bus_id", "torch_uuid"]
 
 _EMPTY = dict.fromkeys(T.GPU_INFO_LABELS, "")
 
@@ -56,6 +63,18 @@ def nvml_bus_id(properties: Any) -> str:
     return f"{domain:08X}:{bus:02X}:{device:02X}.0"
 
 
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def torch_uuid(properties: Any) -> str:
+    """NVML's spelling (``GPU-`` + hex) of the UUID in torch's CUDA device properties; ValueError when
+    torch has none or prints it in a shape NVML would not."""
+    text = str(getattr(properties, "uuid", "")).strip().lower().removeprefix("gpu-")
+    if not _UUID.fullmatch(text):
+        raise ValueError(f"torch's device properties give no UUID in 8-4-4-4-12 hex: {text[:40]!r}")
+    return f"GPU-{text}"
+
+
 def gpu_labels(
     torch: Any,
     device_index: int,
@@ -65,8 +84,12 @@ def gpu_labels(
 ) -> dict[str, str]:
     """``{"uuid": ..., "pci_bus_id": ...}`` of CUDA device ``device_index``; empty values when unknown."""
     try:
-        bus_id = nvml_bus_id(torch.cuda.get_device_properties(device_index))
-        lib = (nvml or load_nvml)()
+        properties = torch.cuda.get_device_properties(device_index)
+        bus_id = nvml_bus_id(properties)
+        try:
+            lib = (nvml or load_nvml)()
+        except ImportError:  # no nvidia-ml-py: torch's own UUID, in NVML's spelling
+            return {"uuid": torch_uuid(properties), "pci_bus_id": normalize_pci_bus_id(bus_id)}
         lib.nvmlInit()
         try:
             handle = lib.nvmlDeviceGetHandleByPciBusId(bus_id)

@@ -369,7 +369,7 @@ class FakeGpu:
 def fake_gpus(count: int, name: str = "NVIDIA H100 80GB HBM3", **fields: Any) -> list[FakeGpu]:
     """``count`` identical fake GPUs with distinct, stable UUIDs and PCI addresses."""
     return [
-        FakeGpu(index=i, uuid=f"GPU-{i:08x}-fake-4bab-8e5d-{i:012x}", name=name, **fields)
+        FakeGpu(index=i, uuid=f"GPU-{i:08x}-fa4e-4bab-8e5d-{i:012x}", name=name, **fields)
         for i in range(count)
     ]
 
