@@ -105,6 +105,18 @@ CASES: tuple[Case, ...] = (
     ),
     Case("eval", ("phase",), ({"at": 0, "event": "eval", "seconds": 8},), "an 8 s eval phase"),
     Case(
+        "loss_spike",
+        ("loss",),
+        ({"at": 0, "event": "loss_spike", "seconds": 5},),
+        "the loss spikes for 5 s (logits 30x, those updates skipped)",
+    ),
+    Case(
+        "nan_loss",
+        ("loss",),
+        ({"at": 0, "event": "nan_loss", "seconds": 5},),
+        "the loss is NaN for 5 s (those updates skipped)",
+    ),
+    Case(
         "throttle+slow_checkpoint",
         ("checkpoint", "gpu_throttling"),
         (

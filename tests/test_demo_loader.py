@@ -67,3 +67,25 @@ def test_eval_runs_forward_passes_inside_the_eval_phase() -> None:
     assert calls[0] == ("begin eval", False) and calls[-1] == ("end eval", False)
     passes = calls[1:-1]
     assert passes and all(c == ("forward", False) for c in passes), calls
+
+
+def test_a_bad_loss_stretch_spikes_or_is_nan_and_skips_the_update() -> None:
+    """``loss_spike`` and ``nan_loss``: the loss the tracker reads is far above the normal one (over the
+    1.5x explain calls a spike) or NaN, and the model is not updated (as a spike guard would)."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = trainer.build_model(trainer.TinyConfig())
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    data = next(iter(Loader(256, 4, 16)))
+
+    def params() -> list[object]:
+        return [p.detach().clone() for p in model.parameters()]
+
+    before = params()
+    spike = trainer.train_step(model, opt, data, scale=trainer.SPIKE_SCALE)
+    nan = trainer.train_step(model, opt, data, scale=float("nan"))
+    assert all(torch.equal(a, b) for a, b in zip(before, params(), strict=True)), "no update in a bad stretch"
+    normal = trainer.train_step(model, opt, data)
+    assert not all(torch.equal(a, b) for a, b in zip(before, params(), strict=True)), "a normal step updates"
+    assert spike.item() > 1.5 * normal.item()
+    assert torch.isnan(nan).item()

@@ -78,14 +78,17 @@ def test_faults_go_to_who_plays_them() -> None:
     assert next(e for e in s.events if e.event == "freeze").expect == ("TrainingStalled",)
 
 
-def test_input_stall_and_eval_go_to_the_trainer() -> None:
-    """``slow_data`` (with its per-batch ``wait``) and ``eval`` are trainer faults, no page expected."""
+def test_input_stall_eval_and_bad_loss_go_to_the_trainer() -> None:
+    """``slow_data`` (with its per-batch ``wait``), ``eval``, ``loss_spike`` and ``nan_loss`` are trainer
+    faults; none expects a page."""
     s = parse_scenario_data(
         {
             "duration": 60,
             "events": [
                 {"at": 9, "event": "eval", "seconds": 4},
                 {"at": 3, "event": "slow_data", "seconds": 20, "wait": 0.1},
+                {"at": 12, "event": "nan_loss", "seconds": 2},
+                {"at": 11, "event": "loss_spike", "seconds": 5},
             ],
         }
     )
@@ -93,11 +96,15 @@ def test_input_stall_and_eval_go_to_the_trainer() -> None:
     assert s.trainer_events() == [
         {"at": 3.0, "event": "slow_data", "seconds": 20.0, "wait": 0.1},
         {"at": 9.0, "event": "eval", "seconds": 4.0},
+        {"at": 11.0, "event": "loss_spike", "seconds": 5.0},
+        {"at": 12.0, "event": "nan_loss", "seconds": 2.0},
     ]
-    assert [e.expect for e in s.events] == [(), ()]
+    assert [e.expect for e in s.events] == [(), (), (), ()]
     assert [e.describe() for e in s.events] == [
         "input pipeline slow: each batch waits 0.1 s, for 20 s",
         "eval phase (4 s)",
+        "loss spikes for 5 s (logits 30x)",
+        "loss is NaN for 2 s",
     ]
 
 
@@ -136,6 +143,8 @@ def test_truncation_drops_later_faults() -> None:
         ({"events": [{"at": 1, "event": "slow_data", "seconds": 5, "wait": 0}]}, "needs 'wait' > 0"),
         ({"events": [{"at": 1, "event": "slow_data", "seconds": 5, "wait": 11}]}, "and <= 10 s"),
         ({"events": [{"at": 1, "event": "eval", "seconds": 5, "gpu": 0}]}, "not a GPU event"),
+        ({"events": [{"at": 1, "event": "loss_spike"}]}, "'seconds' must be a finite number"),
+        ({"events": [{"at": 1, "event": "nan_loss", "seconds": 0}]}, "nan_loss needs 'seconds' > 0"),
     ],
 )
 def test_bad_scenarios_say_what_is_wrong(data: Any, message: str) -> None:

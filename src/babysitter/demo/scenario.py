@@ -7,8 +7,10 @@ A scenario is ``{"duration": S, "gpus": N, "gpu_model": "H100", "events": [...]}
   checkpoint save blocks that long, as on a slow file system), ``hang`` (``seconds``: the training
   loop stops stepping, as in a stuck collective; the process still answers scrapes), ``slow_data``
   (``seconds``, ``wait``: for that long each batch waits ``wait`` seconds for the input pipeline,
-  counted by the tracker's ``data()``) and ``eval`` (``seconds``: an eval phase of forward passes,
-  marked with the tracker's ``phase("eval")``);
+  counted by the tracker's ``data()``), ``eval`` (``seconds``: an eval phase of forward passes,
+  marked with the tracker's ``phase("eval")``), ``loss_spike`` and ``nan_loss`` (``seconds``: for
+  that long the model's logits are scaled up 30x, or made NaN, as in a numerically bad stretch; the
+  loop skips those updates, as a spike guard or AMP's grad scaler does);
 * process faults, played by the demo: ``kill`` (SIGKILL the training process; it is restarted after
   ``restart_after`` seconds, default 5, and resumes from its last checkpoint, so the steps since then
   are lost progress; ``null`` leaves it dead) and ``freeze`` (SIGSTOP for ``seconds``, then SIGCONT:
@@ -45,7 +47,7 @@ __all__ = [
     "parse_scenario_data",
 ]
 
-TRAINER_EVENTS = frozenset({"slow_checkpoint", "hang", "slow_data", "eval"})
+TRAINER_EVENTS = frozenset({"slow_checkpoint", "hang", "slow_data", "eval", "loss_spike", "nan_loss"})
 PROCESS_EVENTS = frozenset({"kill", "freeze"})
 #: The simulator's faults, as the demo scripts them: its ``hang`` (a GPU that stops answering) is
 #: ``hang_gpu`` here, ``hang`` being the trainer's; ``unsupported`` and ``error`` test the agent alone.
@@ -79,7 +81,7 @@ class DemoEvent:
 
     @property
     def seconds(self) -> float:
-        """``seconds`` of a timed fault (slow checkpoint, hang, freeze, slow data, eval)."""
+        """``seconds`` of a timed fault (every trainer fault, and freeze)."""
         return float(self.args.get("seconds", 0.0))
 
     def describe(self) -> str:
@@ -93,6 +95,10 @@ class DemoEvent:
             return f"input pipeline slow: each batch waits {wait:g} s, for {self.seconds:g} s"
         if self.event == "eval":
             return f"eval phase ({self.seconds:g} s)"
+        if self.event == "loss_spike":
+            return f"loss spikes for {self.seconds:g} s (logits 30x)"
+        if self.event == "nan_loss":
+            return f"loss is NaN for {self.seconds:g} s"
         if self.event == "freeze":
             return f"training process frozen (SIGSTOP) for {self.seconds:g} s"
         if self.event == "kill":
@@ -203,7 +209,7 @@ def _event(where: str, item: object, gpus: int) -> DemoEvent:
     at = _number(f"{where}: 'at'", item.get("at"))
     assert at is not None
     args = {k: v for k, v in item.items() if k not in ("at", "event", "gpu", "expect")}
-    if kind in ("slow_checkpoint", "hang", "freeze", "slow_data", "eval"):
+    if kind in TRAINER_EVENTS or kind == "freeze":
         seconds = _number(f"{where}: 'seconds'", args.get("seconds"))
         if not seconds:
             raise ValueError(f"{where}: {kind} needs 'seconds' > 0")

@@ -8,13 +8,15 @@ from one machine to the next, whatever the startup took. The
 tracker writes the goodput ledger into the same run directory and registers its endpoint for the node
 agent.
 
-Four faults of the scenario play in here, at their time since ``--t0`` (the demo's start), so that a
+Six faults of the scenario play in here, at their time since ``--t0`` (the demo's start), so that a
 restarted process does not replay the ones before it started: a slow checkpoint save (the save blocks
 for the given seconds, as on a slow file system), a hang (the loop stops stepping while the process
 still answers scrapes, as in a stuck collective), a slow input pipeline (for the given seconds each
 batch waits ``wait`` seconds in the loader, which the loop reads through ``tracker.data()``, outside
-the step's pace) and an eval phase (forward passes without gradients for the given seconds, inside
-``tracker.phase("eval")``). The product's hang watchdog
+the step's pace), an eval phase (forward passes without gradients for the given seconds, inside
+``tracker.phase("eval")``) and a bad loss (for the given seconds the logits are scaled up
+:data:`SPIKE_SCALE` times, ``loss_spike``, or made NaN, ``nan_loss``; the loop skips those updates,
+as a spike guard or AMP's grad scaler would, so the model is the same after it). The product's hang watchdog
 (:mod:`babysitter.training.watchdog`, started by ``watch()``) books that time as ``hang`` in the
 ledger, exactly as in production; the demo only lowers its floor (``watch(hang_floor=...)``,
 ``--hang-floor``, 5 s here against production's 300 s) so that a hang of seconds counts.
@@ -37,6 +39,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -48,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HANG_FLOOR", "Loader", "TinyConfig", "main", "simulated_gpu_labels"]
+__all__ = ["HANG_FLOOR", "SPIKE_SCALE", "Loader", "TinyConfig", "main", "simulated_gpu_labels", "train_step"]
 
 log = logging.getLogger("babysitter.demo.trainer")
 
@@ -56,6 +59,8 @@ _CKPT = re.compile(r"^step-(\d{8})\.pt$")
 _KEEP = 3
 #: The hang watchdog's floor in the demo (``watch(hang_floor=...)``; production's default is 300 s).
 HANG_FLOOR = 5.0
+#: How much ``loss_spike`` scales the logits: the loss jumps far above its median (random tokens: ~5.5).
+SPIKE_SCALE = 30.0
 #: The eval batch's seed: one held-out batch, none of the training's (seeded by their step).
 _EVAL_SEED = 2**40
 
@@ -286,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             opt.load_state_dict(state["optimizer"])
         log.info("demo trainer: resumed from step %d (%s)", step, path.name)
     slow_save = 0.0
+    bad_loss_until, bad_scale = 0.0, 1.0
     loader = Loader(cfg.vocab_size, args.batch, args.seq_len, step=step)
     batches = iter(tracker.data(loader))
     saved_slot = int((time.time() - t0) // args.checkpoint_interval)
@@ -304,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
                         "demo trainer: input pipeline slow for %.0f s (scenario)", float(event["seconds"])
                     )
                     loader.stall(t0 + float(event["at"]) + float(event["seconds"]), float(event["wait"]))
+                elif event["event"] in ("loss_spike", "nan_loss"):
+                    log.warning(
+                        "demo trainer: %s for %.0f s (scenario)", event["event"], float(event["seconds"])
+                    )
+                    bad_loss_until = t0 + float(event["at"]) + float(event["seconds"])
+                    bad_scale = SPIKE_SCALE if event["event"] == "loss_spike" else math.nan
                 elif event["event"] == "eval":
                     _evaluate(
                         tracker, model, loader, seconds=float(event["seconds"]), pace=args.pace, stop=stop
@@ -311,13 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             loader.step = step
             data = next(batches)  # outside the step's pace: a data wait lengthens the step
             t_step = time.perf_counter()
-            logits = model(data[:, :-1])
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, cfg.vocab_size), data[:, 1:].reshape(-1)
-            )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
+            loss = train_step(model, opt, data, scale=bad_scale if time.time() < bad_loss_until else None)
             rest = args.pace - (time.perf_counter() - t_step)
             if rest > 0:
                 time.sleep(rest)
@@ -332,6 +338,22 @@ def main(argv: list[str] | None = None) -> int:
         tracker.close(clean=True)
     log.info("demo trainer: stopped at step %d", step)
     return 0
+
+
+def train_step(model: Any, opt: Any, data: Any, *, scale: float | None = None) -> Any:
+    """One optimizer step on ``data`` (tokens, targets shifted by one); the loss tensor. With ``scale``
+    (a scripted bad stretch) the logits are scaled by it and the update is skipped."""
+    import torch
+
+    logits = model(data[:, :-1])
+    if scale is not None:
+        logits = logits * scale
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), data[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    if scale is None:
+        loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+    return loss
 
 
 def _evaluate(tracker: Any, model: Any, loader: Loader, *, seconds: float, pace: float, stop: Any) -> None:
