@@ -80,7 +80,7 @@ def test_faults_go_to_who_plays_them() -> None:
 
 def test_input_stall_eval_and_bad_loss_go_to_the_trainer() -> None:
     """``slow_data`` (with its per-batch ``wait``), ``eval``, ``loss_spike`` and ``nan_loss`` are trainer
-    faults; none expects a page."""
+    faults; only a NaN loss must page (TrainingNonFiniteLoss: no alert watches the other three)."""
     s = parse_scenario_data(
         {
             "duration": 60,
@@ -99,7 +99,7 @@ def test_input_stall_eval_and_bad_loss_go_to_the_trainer() -> None:
         {"at": 11.0, "event": "loss_spike", "seconds": 5.0},
         {"at": 12.0, "event": "nan_loss", "seconds": 2.0},
     ]
-    assert [e.expect for e in s.events] == [(), (), (), ()]
+    assert [e.expect for e in s.events] == [(), (), (), ("TrainingNonFiniteLoss",)]
     assert [e.describe() for e in s.events] == [
         "input pipeline slow: each batch waits 0.1 s, for 20 s",
         "eval phase (4 s)",

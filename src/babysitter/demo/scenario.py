@@ -59,6 +59,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "hang": ("TrainingStalled",),
     "freeze": ("TrainingStalled",),
     "kill": ("TrainingProcessExited",),
+    "nan_loss": ("TrainingNonFiniteLoss",),
     "xid79": ("GpuXidCritical", "GpuDown"),
     "xid48": ("GpuXidCritical", "GpuEccUncorrectable"),
     "lost": ("GpuDown",),
