@@ -78,6 +78,36 @@ def test_faults_go_to_who_plays_them() -> None:
     assert next(e for e in s.events if e.event == "freeze").expect == ("TrainingStalled",)
 
 
+def test_input_stall_eval_and_bad_loss_go_to_the_trainer() -> None:
+    """``slow_data`` (with its per-batch ``wait``), ``eval``, ``loss_spike`` and ``nan_loss`` are trainer
+    faults; only a NaN loss must page (TrainingNonFiniteLoss: no alert watches the other three)."""
+    s = parse_scenario_data(
+        {
+            "duration": 60,
+            "events": [
+                {"at": 9, "event": "eval", "seconds": 4},
+                {"at": 3, "event": "slow_data", "seconds": 20, "wait": 0.1},
+                {"at": 12, "event": "nan_loss", "seconds": 2},
+                {"at": 11, "event": "loss_spike", "seconds": 5},
+            ],
+        }
+    )
+    assert s.node_events() == []
+    assert s.trainer_events() == [
+        {"at": 3.0, "event": "slow_data", "seconds": 20.0, "wait": 0.1},
+        {"at": 9.0, "event": "eval", "seconds": 4.0},
+        {"at": 11.0, "event": "loss_spike", "seconds": 5.0},
+        {"at": 12.0, "event": "nan_loss", "seconds": 2.0},
+    ]
+    assert [e.expect for e in s.events] == [(), (), (), ("TrainingNonFiniteLoss",)]
+    assert [e.describe() for e in s.events] == [
+        "input pipeline slow: each batch waits 0.1 s, for 20 s",
+        "eval phase (4 s)",
+        "loss spikes for 5 s (logits 30x)",
+        "loss is NaN for 2 s",
+    ]
+
+
 def test_truncation_drops_later_faults() -> None:
     s, dropped = default_scenario().truncated(45)
     assert s.duration == 45
@@ -104,6 +134,17 @@ def test_truncation_drops_later_faults() -> None:
         ({"events": [{"at": 1, "event": "kill", "expect": "TrainingStalled"}]}, "'expect' must be a list"),
         ({"events": [{"at": 1, "event": "kill", "restart_after": "soon"}]}, "restart_after"),
         ({"events": [{"at": 1, "event": "xid", "gpu": 0}]}, "xid needs an integer 'xid'"),
+        ({"events": [{"at": 1, "event": "eval"}]}, "'seconds' must be a finite number"),
+        (
+            {"events": [{"at": 1, "event": "slow_data", "seconds": 0, "wait": 1}]},
+            "slow_data needs 'seconds' > 0",
+        ),
+        ({"events": [{"at": 1, "event": "slow_data", "seconds": 5}]}, "'wait' must be a finite number"),
+        ({"events": [{"at": 1, "event": "slow_data", "seconds": 5, "wait": 0}]}, "needs 'wait' > 0"),
+        ({"events": [{"at": 1, "event": "slow_data", "seconds": 5, "wait": 11}]}, "and <= 10 s"),
+        ({"events": [{"at": 1, "event": "eval", "seconds": 5, "gpu": 0}]}, "not a GPU event"),
+        ({"events": [{"at": 1, "event": "loss_spike"}]}, "'seconds' must be a finite number"),
+        ({"events": [{"at": 1, "event": "nan_loss", "seconds": 0}]}, "nan_loss needs 'seconds' > 0"),
     ],
 )
 def test_bad_scenarios_say_what_is_wrong(data: Any, message: str) -> None:

@@ -4,8 +4,13 @@ A scenario is ``{"duration": S, "gpus": N, "gpu_model": "H100", "events": [...]}
 ``at`` (seconds since the demo started) and ``event``:
 
 * training faults, played inside the training process: ``slow_checkpoint`` (``seconds``: the next
-  checkpoint save blocks that long, as on a slow file system) and ``hang`` (``seconds``: the training
-  loop stops stepping, as in a stuck collective; the process still answers scrapes);
+  checkpoint save blocks that long, as on a slow file system), ``hang`` (``seconds``: the training
+  loop stops stepping, as in a stuck collective; the process still answers scrapes), ``slow_data``
+  (``seconds``, ``wait``: for that long each batch waits ``wait`` seconds for the input pipeline,
+  counted by the tracker's ``data()``), ``eval`` (``seconds``: an eval phase of forward passes,
+  marked with the tracker's ``phase("eval")``), ``loss_spike`` and ``nan_loss`` (``seconds``: for
+  that long the model's logits are scaled up 30x, or made NaN, as in a numerically bad stretch; the
+  loop skips those updates, as a spike guard or AMP's grad scaler does);
 * process faults, played by the demo: ``kill`` (SIGKILL the training process; it is restarted after
   ``restart_after`` seconds, default 5, and resumes from its last checkpoint, so the steps since then
   are lost progress; ``null`` leaves it dead) and ``freeze`` (SIGSTOP for ``seconds``, then SIGCONT:
@@ -42,7 +47,7 @@ __all__ = [
     "parse_scenario_data",
 ]
 
-TRAINER_EVENTS = frozenset({"slow_checkpoint", "hang"})
+TRAINER_EVENTS = frozenset({"slow_checkpoint", "hang", "slow_data", "eval", "loss_spike", "nan_loss"})
 PROCESS_EVENTS = frozenset({"kill", "freeze"})
 #: The simulator's faults, as the demo scripts them: its ``hang`` (a GPU that stops answering) is
 #: ``hang_gpu`` here, ``hang`` being the trainer's; ``unsupported`` and ``error`` test the agent alone.
@@ -54,12 +59,15 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "hang": ("TrainingStalled",),
     "freeze": ("TrainingStalled",),
     "kill": ("TrainingProcessExited",),
+    "nan_loss": ("TrainingNonFiniteLoss",),
     "xid79": ("GpuXidCritical", "GpuDown"),
     "xid48": ("GpuXidCritical", "GpuEccUncorrectable"),
     "lost": ("GpuDown",),
 }
 
 _MAX_DURATION = 24 * 3600.0
+#: The longest a ``slow_data`` batch may wait, in seconds (a stall, not a hang).
+_MAX_DATA_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,7 @@ class DemoEvent:
 
     @property
     def seconds(self) -> float:
-        """``seconds`` of a timed fault (slow checkpoint, hang, freeze)."""
+        """``seconds`` of a timed fault (every trainer fault, and freeze)."""
         return float(self.args.get("seconds", 0.0))
 
     def describe(self) -> str:
@@ -83,6 +91,15 @@ class DemoEvent:
             return f"slow checkpoint save ({self.seconds:g} s)"
         if self.event == "hang":
             return f"training hangs for {self.seconds:g} s (stuck collective)"
+        if self.event == "slow_data":
+            wait = float(self.args.get("wait", 0.0))
+            return f"input pipeline slow: each batch waits {wait:g} s, for {self.seconds:g} s"
+        if self.event == "eval":
+            return f"eval phase ({self.seconds:g} s)"
+        if self.event == "loss_spike":
+            return f"loss spikes for {self.seconds:g} s (logits 30x)"
+        if self.event == "nan_loss":
+            return f"loss is NaN for {self.seconds:g} s"
         if self.event == "freeze":
             return f"training process frozen (SIGSTOP) for {self.seconds:g} s"
         if self.event == "kill":
@@ -126,7 +143,12 @@ class Scenario:
     def trainer_events(self) -> list[dict[str, Any]]:
         """The faults the training process plays itself."""
         return [
-            {"at": e.at, "event": e.event, "seconds": e.seconds}
+            {
+                "at": e.at,
+                "event": e.event,
+                "seconds": e.seconds,
+                **({"wait": float(e.args["wait"])} if e.event == "slow_data" else {}),
+            }
             for e in self.events
             if e.event in TRAINER_EVENTS
         ]
@@ -188,10 +210,14 @@ def _event(where: str, item: object, gpus: int) -> DemoEvent:
     at = _number(f"{where}: 'at'", item.get("at"))
     assert at is not None
     args = {k: v for k, v in item.items() if k not in ("at", "event", "gpu", "expect")}
-    if kind in ("slow_checkpoint", "hang", "freeze"):
+    if kind in TRAINER_EVENTS or kind == "freeze":
         seconds = _number(f"{where}: 'seconds'", args.get("seconds"))
         if not seconds:
             raise ValueError(f"{where}: {kind} needs 'seconds' > 0")
+    if kind == "slow_data":
+        wait = _number(f"{where}: 'wait'", args.get("wait"))
+        if not wait or wait > _MAX_DATA_WAIT:
+            raise ValueError(f"{where}: slow_data needs 'wait' > 0 and <= {_MAX_DATA_WAIT:g} s, got {wait!r}")
     if kind == "kill":
         _number(f"{where}: 'restart_after'", args.get("restart_after", 5.0), allow_none=True)
     gpu: int | None = None

@@ -8,10 +8,15 @@ from one machine to the next, whatever the startup took. The
 tracker writes the goodput ledger into the same run directory and registers its endpoint for the node
 agent.
 
-Two faults of the scenario play in here, at their time since ``--t0`` (the demo's start), so that a
+Six faults of the scenario play in here, at their time since ``--t0`` (the demo's start), so that a
 restarted process does not replay the ones before it started: a slow checkpoint save (the save blocks
-for the given seconds, as on a slow file system) and a hang (the loop stops stepping while the process
-still answers scrapes, as in a stuck collective). The product's hang watchdog
+for the given seconds, as on a slow file system), a hang (the loop stops stepping while the process
+still answers scrapes, as in a stuck collective), a slow input pipeline (for the given seconds each
+batch waits ``wait`` seconds in the loader, which the loop reads through ``tracker.data()``, outside
+the step's pace), an eval phase (forward passes without gradients for the given seconds, inside
+``tracker.phase("eval")``) and a bad loss (for the given seconds the logits are scaled up
+:data:`SPIKE_SCALE` times, ``loss_spike``, or made NaN, ``nan_loss``; the loop skips those updates,
+as a spike guard or AMP's grad scaler would, so the model is the same after it). The product's hang watchdog
 (:mod:`babysitter.training.watchdog`, started by ``watch()``) books that time as ``hang`` in the
 ledger, exactly as in production; the demo only lowers its floor (``watch(hang_floor=...)``,
 ``--hang-floor``, 5 s here against production's 300 s) so that a hang of seconds counts.
@@ -34,17 +39,19 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HANG_FLOOR", "TinyConfig", "main", "simulated_gpu_labels"]
+__all__ = ["HANG_FLOOR", "SPIKE_SCALE", "Loader", "TinyConfig", "main", "simulated_gpu_labels", "train_step"]
 
 log = logging.getLogger("babysitter.demo.trainer")
 
@@ -52,6 +59,10 @@ _CKPT = re.compile(r"^step-(\d{8})\.pt$")
 _KEEP = 3
 #: The hang watchdog's floor in the demo (``watch(hang_floor=...)``; production's default is 300 s).
 HANG_FLOOR = 5.0
+#: How much ``loss_spike`` scales the logits: the loss jumps far above its median (random tokens: ~5.5).
+SPIKE_SCALE = 30.0
+#: The eval batch's seed: one held-out batch, none of the training's (seeded by their step).
+_EVAL_SEED = 2**40
 
 
 @dataclass(frozen=True)
@@ -141,6 +152,30 @@ def _peak(run_dir: Path) -> float:
         tmp.write_text(json.dumps({"peak_flops": value, "what": "1-thread fp32 matmul FLOP/s"}))
         tmp.replace(path)
     return value
+
+
+class Loader:
+    """The training's input pipeline: step ``n``'s batch is the same after a restart (seeded by ``n``);
+    while a scripted stall lasts (:meth:`stall`), each batch first waits, as a starved loader does."""
+
+    def __init__(self, vocab_size: int, batch: int, seq_len: int, *, step: int = 0) -> None:
+        self.vocab_size, self.batch, self.seq_len = vocab_size, batch, seq_len
+        self.step = step
+        self.stall_until = 0.0
+        self.wait = 0.0
+
+    def stall(self, until: float, wait: float) -> None:
+        """Each batch waits ``wait`` seconds until Unix time ``until``."""
+        self.stall_until, self.wait = until, wait
+
+    def __iter__(self) -> Iterator[Any]:
+        import torch
+
+        while True:
+            if self.wait and time.time() < self.stall_until:
+                time.sleep(self.wait)
+            gen = torch.Generator().manual_seed(self.step)
+            yield torch.randint(0, self.vocab_size, (self.batch, self.seq_len + 1), generator=gen)
 
 
 def simulated_gpu_labels(index: int) -> dict[str, str]:
@@ -256,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
             opt.load_state_dict(state["optimizer"])
         log.info("demo trainer: resumed from step %d (%s)", step, path.name)
     slow_save = 0.0
+    bad_loss_until, bad_scale = 0.0, 1.0
+    loader = Loader(cfg.vocab_size, args.batch, args.seq_len, step=step)
+    batches = iter(tracker.data(loader))
     saved_slot = int((time.time() - t0) // args.checkpoint_interval)
     try:
         while not stop.is_set() and not (args.max_steps and step >= args.max_steps):
@@ -267,16 +305,25 @@ def main(argv: list[str] | None = None) -> int:
                 elif event["event"] == "hang":
                     log.warning("demo trainer: hanging for %.0f s (scenario)", float(event["seconds"]))
                     stop.wait(float(event["seconds"]))
+                elif event["event"] == "slow_data":
+                    log.warning(
+                        "demo trainer: input pipeline slow for %.0f s (scenario)", float(event["seconds"])
+                    )
+                    loader.stall(t0 + float(event["at"]) + float(event["seconds"]), float(event["wait"]))
+                elif event["event"] in ("loss_spike", "nan_loss"):
+                    log.warning(
+                        "demo trainer: %s for %.0f s (scenario)", event["event"], float(event["seconds"])
+                    )
+                    bad_loss_until = t0 + float(event["at"]) + float(event["seconds"])
+                    bad_scale = SPIKE_SCALE if event["event"] == "loss_spike" else math.nan
+                elif event["event"] == "eval":
+                    _evaluate(
+                        tracker, model, loader, seconds=float(event["seconds"]), pace=args.pace, stop=stop
+                    )
+            loader.step = step
+            data = next(batches)  # outside the step's pace: a data wait lengthens the step
             t_step = time.perf_counter()
-            gen = torch.Generator().manual_seed(step)  # the data of a step is the same after a restart
-            data = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=gen)
-            logits = model(data[:, :-1])
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, cfg.vocab_size), data[:, 1:].reshape(-1)
-            )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
+            loss = train_step(model, opt, data, scale=bad_scale if time.time() < bad_loss_until else None)
             rest = args.pace - (time.perf_counter() - t_step)
             if rest > 0:
                 time.sleep(rest)
@@ -291,6 +338,36 @@ def main(argv: list[str] | None = None) -> int:
         tracker.close(clean=True)
     log.info("demo trainer: stopped at step %d", step)
     return 0
+
+
+def train_step(model: Any, opt: Any, data: Any, *, scale: float | None = None) -> Any:
+    """One optimizer step on ``data`` (tokens, targets shifted by one); the loss tensor. With ``scale``
+    (a scripted bad stretch) the logits are scaled by it and the update is skipped."""
+    import torch
+
+    logits = model(data[:, :-1])
+    if scale is not None:
+        logits = logits * scale
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), data[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    if scale is None:
+        loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+    return loss
+
+
+def _evaluate(tracker: Any, model: Any, loader: Loader, *, seconds: float, pace: float, stop: Any) -> None:
+    """An eval phase: forward passes without gradients for ``seconds``, marked ``phase("eval")``."""
+    import torch
+
+    log.warning("demo trainer: eval phase for %.0f s (scenario)", seconds)
+    end = time.monotonic() + seconds
+    with tracker.phase("eval"), torch.no_grad():
+        while time.monotonic() < end and not stop.is_set():
+            gen = torch.Generator().manual_seed(_EVAL_SEED)
+            data = torch.randint(0, loader.vocab_size, (loader.batch, loader.seq_len + 1), generator=gen)
+            model(data[:, :-1])
+            stop.wait(min(pace, max(0.0, end - time.monotonic())))
 
 
 def _save(tracker: Any, model: Any, opt: Any, *, ckpt_dir: Path, step: int, extra_seconds: float) -> None:
