@@ -121,9 +121,9 @@ CASES: tuple[Case, ...] = (
         ("checkpoint", "gpu_throttling"),
         (
             {"at": 0, "event": "throttle", "gpu": GPU, "reasons": ["hw_slowdown"]},
-            {"at": 2, "event": "slow_checkpoint", "seconds": 6},
+            {"at": 2, "event": "slow_checkpoint", "seconds": 10},
         ),
-        "GPU throttles (costs a CPU run no time) + a 6 s checkpoint save",
+        "GPU throttles (the training's steps slow to its 70% clock) + a 10 s checkpoint save",
     ),
     Case(
         "slow_data+eval",

@@ -18,7 +18,7 @@ from babysitter.demo.scenario import (
     load_scenario,
     parse_scenario_data,
 )
-from babysitter.node.gpu.simulate import parse_scenario
+from babysitter.node.gpu.simulate import THROTTLED_CLOCK, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,6 +106,30 @@ def test_input_stall_eval_and_bad_loss_go_to_the_trainer() -> None:
         "loss spikes for 5 s (logits 30x)",
         "loss is NaN for 2 s",
     ]
+
+
+def test_a_throttle_on_the_trainings_gpu_slows_its_steps() -> None:
+    """The simulated GPU the training claims throttles: the trainer gets that GPU's clock, the
+    simulator's throttled ratio, until the throttle clears; another GPU's throttle is not its own."""
+    s = parse_scenario_data(
+        {
+            "duration": 60,
+            "events": [
+                {"at": 5, "gpu": 2, "event": "throttle", "reasons": ["hw_slowdown"]},
+                {"at": 7, "gpu": 1, "event": "throttle", "reasons": ["hw_slowdown"]},
+                {"at": 8, "event": "hang", "seconds": 3},
+                {"at": 20, "gpu": 2, "event": "clear_throttle"},
+            ],
+        }
+    )
+    assert s.trainer_events() == [{"at": 8.0, "event": "hang", "seconds": 3.0}]
+    assert s.trainer_events(gpu=2) == [
+        {"at": 5.0, "event": "gpu_clock", "factor": THROTTLED_CLOCK},
+        {"at": 8.0, "event": "hang", "seconds": 3.0},
+        {"at": 20.0, "event": "gpu_clock", "factor": 1.0},
+    ]
+    assert 0 < THROTTLED_CLOCK < 1
+    assert [e["event"] for e in s.trainer_events(gpu=0)] == ["hang"]
 
 
 def test_truncation_drops_later_faults() -> None:

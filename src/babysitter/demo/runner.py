@@ -458,7 +458,7 @@ class _Demo:
                 "--run", RUN_NAME,
                 "--cluster", CLUSTER,
                 "--t0", repr(self.t0),
-                "--events", json.dumps(self.scenario.trainer_events()),
+                "--events", json.dumps(self.scenario.trainer_events(self.claimed_gpu)),
                 "--pace", repr(self.o.pace),
                 "--checkpoint-interval", repr(self.o.checkpoint_interval),
                 "--simulated-gpu", str(self.claimed_gpu),

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter.node.gpu.simulate import EVENTS as SIM_EVENTS
-from babysitter.node.gpu.simulate import GPU_MODELS, parse_scenario
+from babysitter.node.gpu.simulate import GPU_MODELS, THROTTLED_CLOCK, parse_scenario
 
 __all__ = [
     "DEFAULT_SCENARIO",
@@ -140,9 +140,12 @@ class Scenario:
             if e.event in NODE_EVENTS
         ]
 
-    def trainer_events(self) -> list[dict[str, Any]]:
-        """The faults the training process plays itself."""
-        return [
+    def trainer_events(self, gpu: int | None = None) -> list[dict[str, Any]]:
+        """The faults the training process plays itself; with ``gpu`` (the simulated GPU the training
+        claims), also that GPU's clock: a ``throttle`` on it slows each step's compute to the
+        simulator's throttled SM clock (:data:`THROTTLED_CLOCK`) until a ``clear_throttle``, as a
+        throttled GPU slows the training on it (``gpu_clock`` events, ``factor`` the clock ratio)."""
+        played = [
             {
                 "at": e.at,
                 "event": e.event,
@@ -152,6 +155,13 @@ class Scenario:
             for e in self.events
             if e.event in TRAINER_EVENTS
         ]
+        clocks = {"throttle": THROTTLED_CLOCK, "clear_throttle": 1.0}
+        played += [
+            {"at": e.at, "event": "gpu_clock", "factor": clocks[e.event]}
+            for e in self.events
+            if gpu is not None and e.gpu == gpu and e.event in clocks
+        ]
+        return sorted(played, key=lambda e: float(e["at"]))
 
     def truncated(self, duration: float) -> tuple[Scenario, list[DemoEvent]]:
         """This scenario cut to ``duration`` seconds, and the events that no longer fit."""

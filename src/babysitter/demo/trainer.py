@@ -16,7 +16,9 @@ batch waits ``wait`` seconds in the loader, which the loop reads through ``track
 the step's pace), an eval phase (forward passes without gradients for the given seconds, inside
 ``tracker.phase("eval")``) and a bad loss (for the given seconds the logits are scaled up
 :data:`SPIKE_SCALE` times, ``loss_spike``, or made NaN, ``nan_loss``; the loop skips those updates,
-as a spike guard or AMP's grad scaler would, so the model is the same after it). The product's hang watchdog
+as a spike guard or AMP's grad scaler would, so the model is the same after it). A ``throttle`` on the
+simulated GPU the training claims (``gpu_clock`` events from the demo) stretches each step's pace to the
+simulator's throttled SM clock, as a throttled GPU slows the training on it. The product's hang watchdog
 (:mod:`babysitter.training.watchdog`, started by ``watch()``) books that time as ``hang`` in the
 ledger, exactly as in production; the demo only lowers its floor (``watch(hang_floor=...)``,
 ``--hang-floor``, 5 s here against production's 300 s) so that a hang of seconds counts.
@@ -292,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("demo trainer: resumed from step %d (%s)", step, path.name)
     slow_save = 0.0
     bad_loss_until, bad_scale = 0.0, 1.0
+    clock = 1.0  # the claimed simulated GPU's SM clock over its unthrottled one
     loader = Loader(cfg.vocab_size, args.batch, args.seq_len, step=step)
     batches = iter(tracker.data(loader))
     saved_slot = int((time.time() - t0) // args.checkpoint_interval)
@@ -316,6 +319,11 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     bad_loss_until = t0 + float(event["at"]) + float(event["seconds"])
                     bad_scale = SPIKE_SCALE if event["event"] == "loss_spike" else math.nan
+                elif event["event"] == "gpu_clock":
+                    # The claimed simulated GPU's SM clock changed (a throttle, or its end): compute
+                    # takes 1/factor as long, as on a GPU that slows down.
+                    clock = float(event["factor"])
+                    log.warning("demo trainer: the GPU's clock at %.0f%%, steps slow with it", clock * 100)
                 elif event["event"] == "eval":
                     _evaluate(
                         tracker, model, loader, seconds=float(event["seconds"]), pace=args.pace, stop=stop
@@ -324,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             data = next(batches)  # outside the step's pace: a data wait lengthens the step
             t_step = time.perf_counter()
             loss = train_step(model, opt, data, scale=bad_scale if time.time() < bad_loss_until else None)
-            rest = args.pace - (time.perf_counter() - t_step)
+            rest = args.pace / clock - (time.perf_counter() - t_step)
             if rest > 0:
                 time.sleep(rest)
             step += 1

@@ -45,6 +45,7 @@ __all__ = [
     "BUILTIN_SCENARIOS",
     "EVENTS",
     "GPU_MODELS",
+    "THROTTLED_CLOCK",
     "GpuModel",
     "ScenarioEvent",
     "Simulator",
@@ -54,6 +55,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: A throttled GPU's SM clock (and tensor activity) as a fraction of its unthrottled value.
+THROTTLED_CLOCK = 0.7
 
 
 @dataclass(frozen=True)
@@ -315,7 +319,9 @@ class Simulator:
             throttled = bool(gpu.clock_event_reasons & ~F.nvmlClocksEventReasonGpuIdle)
             gpu.utilization_gpu = round(u * 100)
             gpu.utilization_memory = round(u * 60)
-            gpu.tensor_active_pct = min(max(tensor + jitter, 0.0), 1.0) * 100 * (0.7 if throttled else 1.0)
+            gpu.tensor_active_pct = (
+                min(max(tensor + jitter, 0.0), 1.0) * 100 * (THROTTLED_CLOCK if throttled else 1.0)
+            )
             gpu.memory_used = int(m.memory_bytes * 0.85 * (1.0 if u > 0.05 else 0.0))
             watts = m.idle_watts + (m.power_limit_watts * 0.92 - m.idle_watts) * u
             if throttled:
@@ -325,7 +331,7 @@ class Simulator:
             target = 35 + 40 * u + (15 if gpu.clock_event_reasons & _THERMAL else 0)
             gpu.temperature_c = round(target + self._rng.uniform(-1, 1))
             gpu.memory_temperature_c = gpu.temperature_c + 8
-            gpu.sm_clock_mhz = int(m.sm_clock_mhz * (0.7 if throttled else 1.0))
+            gpu.sm_clock_mhz = int(m.sm_clock_mhz * (THROTTLED_CLOCK if throttled else 1.0))
 
     def _apply(self, event: ScenarioEvent) -> None:
         gpu = self.nvml.gpu(event.gpu)
