@@ -166,12 +166,14 @@ def test_demo_pages_every_fault_and_reports_the_ledgers_goodput(tmp_path: Path) 
             fault_at[m.group(2)] = float(m.group(1))
     assert len(fault_at) == 6, out
     # The throttle fault is explained on screen (explain in-process, the demo's fast profile), its GPU
-    # joined to the training's rank through train_info, throttling ranked first with the time it cost
-    # (measured against the 30 s before the fault, which hold the hang: "no time measured" before
-    # explain left the step-time rules' NaN samples out of the baseline); and again at the end.
+    # joined to the training's rank through train_info, throttling ranked first; and again at the end.
+    # Not the time it costs: here the 14 s explained run into the freeze and the 30 s before them hold
+    # the hang's stuck step, so the step-time ratio (and with it the charge) depends on where the
+    # rate windows fall (0.8x, no time, in one clean-clone CI run; time charged in an earlier run). test_explain and
+    # benchmarks/results/explain_live.md time the throttle on a clean baseline.
     shown = re.search(
         r"\[\+\s*([\d.]+)s\] explained GPU 1 throttles \(hw_slowdown\): gpu throttling "
-        r"\(infra, \d+% of the lost time\): "
+        r"\(infra, [^)]*\): "
         r"rank 0 \(host [^,]+, GPU 1\) .*that GPU reports hw_slowdown",
         out,
     )
