@@ -170,14 +170,18 @@ class Loader:
         """Each batch waits ``wait`` seconds until Unix time ``until``."""
         self.stall_until, self.wait = until, wait
 
-    def __iter__(self) -> Iterator[Any]:
+    def batch_for(self, seed: int) -> Any:
+        """The batch (tokens and, shifted by one, targets) that ``seed`` draws."""
         import torch
 
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randint(0, self.vocab_size, (self.batch, self.seq_len + 1), generator=gen)
+
+    def __iter__(self) -> Iterator[Any]:
         while True:
             if self.wait and time.time() < self.stall_until:
                 time.sleep(self.wait)
-            gen = torch.Generator().manual_seed(self.step)
-            yield torch.randint(0, self.vocab_size, (self.batch, self.seq_len + 1), generator=gen)
+            yield self.batch_for(self.step)
 
 
 def simulated_gpu_labels(index: int) -> dict[str, str]:
@@ -370,10 +374,9 @@ def _evaluate(tracker: Any, model: Any, loader: Loader, *, seconds: float, pace:
 
     log.warning("demo trainer: eval phase for %.0f s (scenario)", seconds)
     end = time.monotonic() + seconds
+    data = loader.batch_for(_EVAL_SEED)
     with tracker.phase("eval"), torch.no_grad():
         while time.monotonic() < end and not stop.is_set():
-            gen = torch.Generator().manual_seed(_EVAL_SEED)
-            data = torch.randint(0, loader.vocab_size, (loader.batch, loader.seq_len + 1), generator=gen)
             model(data[:, :-1])
             stop.wait(min(pace, max(0.0, end - time.monotonic())))
 
