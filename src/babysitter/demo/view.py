@@ -97,19 +97,17 @@ class DemoView:
         with self._lock:
             self._pages.append(page)
             verb = receiver_verb(page.receiver)
+            # Which receiver, unless the line already says: the infra pager is plain PAGE, chat is CHAT.
+            to = f" (to {page.receiver})" if page.receiver not in ("", "pager") else ""
             if page.status == "firing":
                 line = (
                     f"{self._clock(page.received)} {verb} {page.severity} {page.name} {page.subject()}: "
-                    f"{page.summary}"
+                    f"{page.summary}{to if verb == 'PAGE' else ''}"
                 )
-                if verb == "PAGE" and page.receiver not in ("", "pager"):
-                    line += f" (to {page.receiver})"
                 paged = "bold red" if page.severity == "critical" else "red"
                 style = paged if verb == "PAGE" else "yellow"
             else:
-                line = f"{self._clock(page.received)} RESOLVED {page.name} {page.subject()}"
-                if page.receiver not in ("", "pager"):
-                    line += f" (to {page.receiver})"
+                line = f"{self._clock(page.received)} RESOLVED {page.name} {page.subject()}{to}"
                 style = "green"
             self.console.print(line, style=style, soft_wrap=True, highlight=False, markup=False)
             self._refresh()
