@@ -11,6 +11,10 @@ Scenarios, each in fresh processes (so RSS is the agent's own):
 - slowloris: a tracker (``watch(port=0)``) and a node agent, each with RLIMIT_NOFILE 1024 (the usual
   default), receive 1,100 idle connections (half of them send half a request line), then one scrape
   with a 30 s timeout: whether it is answered, and how long it took.
+- aggregate (issue 21, point 3): 4 users (uids 60001-60004 through setpriv when run as root; one
+  user otherwise) each register 64 endpoints of 1,999 series (in families of 100), each within the
+  per-endpoint caps, next to root's honest trainer; two full scrapes (collection and rendering, what
+  Prometheus waits for): wall time, bytes and series served, series served per user, agent RSS.
 
 The script only uses APIs that exist before and after the fix, so the same file measures both:
 ``PYTHONPATH=<old checkout>/src python benchmarks/bench_agent_hostile.py`` for "before".
@@ -26,6 +30,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -117,6 +122,76 @@ TRACKER = textwrap.dedent(
     """
 )
 
+BULK = textwrap.dedent(
+    """
+    import os, socket, sys, threading, time
+    from pathlib import Path
+    from babysitter import registration
+    reg, user, count, series = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    def body(run):
+        out, done, f = [], 0, 0
+        while done < series:
+            n = min(100, series - done)
+            out.append(f"# HELP bulk_{f} filler\\n# TYPE bulk_{f} gauge\\n")
+            out.extend(f'bulk_{f}{{run="{run}",rank="0",i="{i}"}} 1\\n' for i in range(n))
+            done, f = done + n, f + 1
+        return ("HTTP/1.0 200 OK\\r\\nContent-Type: text/plain\\r\\n\\r\\n" + "".join(out)).encode()
+    def serve(sock, payload):
+        while True:
+            conn, _ = sock.accept()
+            try:
+                conn.recv(65536)
+                conn.sendall(payload)
+            except OSError:
+                pass
+            finally:
+                conn.close()
+    pid = os.getpid()
+    for i in range(count):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        run = f"{user}-{i}"
+        threading.Thread(target=serve, args=(sock, body(run)), daemon=True).start()
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/metrics"
+        started = registration.process_start_time(pid)
+        registration.register(reg, registration.Endpoint(pid, started, url, run, 0, 0))
+    print("ready", flush=True)
+    time.sleep(3600)
+    """
+)
+
+AGGREGATE_AGENT = textwrap.dedent(
+    """
+    import collections, json, os, resource, sys, time
+    from pathlib import Path
+    from babysitter.node.agent import Agent
+    from babysitter.node.workloads.trainers import TrainersCollector
+    from prometheus_client.parser import text_string_to_metric_families
+    reg, scrapes = Path(sys.argv[1]), int(sys.argv[2])
+    agent = Agent([TrainersCollector(reg, timeout=10.0)], collector_timeout=11.0)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = []
+    for _ in range(scrapes):
+        t0 = time.perf_counter()
+        body = agent.render()
+        wall = time.perf_counter() - t0
+        per_user = collections.Counter()
+        honest = False
+        for family in text_string_to_metric_families(body.decode()):
+            for s in family.samples:
+                if s.name.startswith("bulk_"):
+                    per_user[s.labels["run"].split("-")[0]] += 1
+                honest = honest or (s.name == "train_steps_total" and s.labels.get("run") == "honest")
+        out.append({"wall_s": round(wall, 3), "bytes": len(body), "trainer_series": sum(per_user.values()),
+                    "per_user": dict(sorted(per_user.items())), "honest": honest})
+    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = {"scrapes": out, "rss_before_mib": rss0 / 1024, "rss_after_mib": rss1 / 1024}
+    print(json.dumps(result), flush=True)
+    os._exit(0)
+    """
+)
+
 NODE_AGENT = textwrap.dedent(
     """
     import resource, sys
@@ -152,6 +227,57 @@ def _with_servers(servers: list[tuple[str, str, int]], scrapes: int) -> dict[str
                 assert proc.stdout is not None
                 assert proc.stdout.readline().strip() == "ready"
             return _agent_side(reg, scrapes)
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+
+
+def _as_user(uid: int | None) -> list[str]:
+    if uid is None:
+        return [sys.executable, "-c"]
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable, "-c"]
+
+
+def aggregate(users: int = 4, endpoints: int = 64, series: int = 1999) -> dict[str, object]:
+    """The issue's worst case: ``users`` x ``endpoints`` x ``series`` next to one honest trainer."""
+    distinct = os.geteuid() == 0 and shutil.which("setpriv") is not None
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)  # noqa: S103 - the other users must reach the registration directory
+        reg = Path(tmp) / "reg"
+        procs = [
+            _start(SERVER, "honest", str(reg), "honest", "1")
+        ]  # creates reg, sticky, as the agent's user
+        assert procs[0].stdout is not None
+        assert procs[0].stdout.readline().strip() == "ready"
+        for u in range(users):
+            argv = [
+                *_as_user(60001 + u if distinct else None),
+                BULK,
+                str(reg),
+                f"user{u}",
+                str(endpoints),
+                str(series),
+            ]
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd="/"))
+        try:
+            for proc in procs[1:]:
+                assert proc.stdout is not None
+                assert proc.stdout.readline().strip() == "ready"
+            done = subprocess.run(
+                [sys.executable, "-c", AGGREGATE_AGENT, str(reg), "2"],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            if done.returncode != 0:
+                return {"error": done.stderr.strip().splitlines()[-1][:300]}
+            result: dict[str, object] = json.loads(done.stdout)
+            result["setup"] = (
+                f"{users} users ({'distinct uids' if distinct else 'one uid'}) x {endpoints} x {series}"
+            )
+            return result
         finally:
             for proc in procs:
                 proc.kill()
@@ -225,12 +351,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="append a Markdown section to this file")
     parser.add_argument("--label", default="this checkout", help="what was measured (e.g. a commit)")
+    parser.add_argument("--only", choices=["flood", "drip", "slowloris", "aggregate"], help="one scenario")
     args = parser.parse_args()
-    results = {
-        "flood": _with_servers([("flood", "flood", 1), ("honest", "honest", 1)], scrapes=1),
-        "drip": _with_servers([("drip", "drip", 12), ("honest", "honest", 1)], scrapes=2),
-        "slowloris": slowloris(),
+    scenarios = {
+        "flood": lambda: _with_servers([("flood", "flood", 1), ("honest", "honest", 1)], scrapes=1),
+        "drip": lambda: _with_servers([("drip", "drip", 12), ("honest", "honest", 1)], scrapes=2),
+        "slowloris": slowloris,
+        "aggregate": aggregate,
     }
+    results = {name: run() for name, run in scenarios.items() if args.only in (None, name)}
     text = json.dumps(results, indent=1)
     print(text)
     if args.out is not None:

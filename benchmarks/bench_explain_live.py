@@ -14,6 +14,12 @@ and the next scenario starts in a fresh work directory.
 Everything binds to 127.0.0.1; every wait is bounded (a demo that overruns is sent SIGTERM, then
 SIGKILL). About 100 s per scenario on a 2-core VM; all of them take about 18 minutes.
 
+The newcomer's sequence (issue 22) is one more case: the demo's default scenario as ``babysitter
+demo --keep`` plays it, then explain asked as a new user asked it at the end, with the CLI's defaults
+(``--since 10m``, ``--since 2m --baseline 2m``, the rules' names read from the Prometheus), each
+answer checked for agreeing with itself: its headline against what its causes account for, the
+throttle the GPU was under (GpuThrottled firing) found, no cause that did not grow.
+
 Usage: python benchmarks/bench_explain_live.py [--only NAME ...] [--out FILE] [--keep DIR]
 """
 
@@ -33,7 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from babysitter.demo.runner import CLUSTER, RUN_NAME, demo_generate_config
+from babysitter.demo.scenario import DEFAULT_SCENARIO
 from babysitter.explain import Explanation, explain
+from babysitter.explain.rules import detect_rules
 from babysitter.prom import PromClient
 from machine import cpu_model
 
@@ -193,6 +201,16 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
         proc.wait()
 
 
+def _demo(args: list[str], log: Any) -> subprocess.Popen[bytes]:
+    """``babysitter demo ARGS``, its output to ``log`` (piped: whole lines, 160 columns)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "babysitter", "demo", *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "COLUMNS": "160", "TERM": "dumb"},
+    )
+
+
 def run_case(case: Case, root: Path) -> Result:
     """Play one case in the real demo and ask explain about the window after its fault."""
     result = Result(case)
@@ -202,21 +220,7 @@ def run_case(case: Case, root: Path) -> Result:
     scenario.write_text(json.dumps(_scenario(case)))
     started = time.monotonic()
     with (workdir.parent / f"{workdir.name}.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "babysitter",
-                "demo",
-                "--scenario",
-                str(scenario),
-                "--workdir",
-                str(workdir),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "COLUMNS": "160", "TERM": "dumb"},
-        )
+        proc = _demo(["--scenario", str(scenario), "--workdir", str(workdir)], log)
         try:
             stack = _stack(workdir, proc)
             t0, url = float(stack["t0"]), stack["prometheus"]
@@ -251,6 +255,96 @@ def run_case(case: Case, root: Path) -> Result:
     return result
 
 
+#: What the newcomer asked after ``babysitter demo --keep`` (issue 22): (label, window, baseline).
+NEWCOMER = (("--since 10m", 600.0, 3600.0), ("--since 2m --baseline 2m", 120.0, 120.0))
+
+
+@dataclass
+class Asked:
+    """One of the newcomer's questions and whether the answer agreed with itself."""
+
+    label: str
+    lines: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def self_check(answer: Explanation, *, throttled: bool) -> list[str]:
+    """Where an answer contradicts itself (empty: it does not)."""
+    problems = []
+    head, accounted, lost = answer.headline(), answer.accounted_seconds, answer.lost_seconds
+    slack = max(1.0, 0.02 * (answer.window_covered or answer.window_seconds))
+    if not answer.baseline_tokens_per_second:
+        if not head.startswith("no baseline"):
+            problems.append(f"no baseline, yet the headline says: {head}")
+    elif accounted > lost * 1.1 + slack and "because" not in head:
+        problems.append(f"the causes cost {accounted:.0f} s of {lost:.0f} s lost, unexplained")
+    elif accounted <= lost * 1.1 + slack and answer.causes and "account for" not in head:
+        problems.append(f"the headline does not say what the causes account for: {head}")
+    keys = [c.key for c in answer.causes]
+    if throttled and "gpu_throttling" not in keys:
+        problems.append(
+            f"GpuThrottled fired, yet throttling was not found ({answer.checked.get('gpu_throttling')})"
+        )
+    for cause in answer.causes:
+        if cause.key == "checkpoint" and cause.seconds > 0:
+            blocked = cause.evidence[0]
+            if (
+                blocked.baseline is not None
+                and blocked.value is not None
+                and blocked.value <= blocked.baseline
+            ):
+                problems.append("checkpoints listed though they blocked no more than before")
+    if "profile" not in answer.rules and "rate window" not in answer.rules:
+        problems.append(f"the rules' names were not read from the Prometheus: {answer.rules!r}")
+    return problems
+
+
+def run_newcomer(root: Path) -> list[Asked]:
+    """The default scenario under ``demo --keep``, then the newcomer's questions at its end."""
+    workdir = root / "newcomer"
+    workdir.mkdir(parents=True)
+    duration = float(DEFAULT_SCENARIO["duration"])
+    asked = [Asked(label) for label, _, _ in NEWCOMER] + [Asked("the demo's own line")]
+    with (root / "newcomer.log").open("wb") as log:
+        proc = _demo(["--keep", "--workdir", str(workdir)], log)
+        try:
+            stack = _stack(workdir, proc)
+            t0, url = float(stack["t0"]), stack["prometheus"]
+            end = t0 + duration + LAG
+            time.sleep(max(0.0, end - time.time()))
+            client = PromClient(url, timeout=10.0)
+            rules = detect_rules(client, end)
+            for item, (_, window, baseline) in zip(asked, NEWCOMER, strict=False):
+                answer = explain(
+                    client,
+                    RUN_NAME,
+                    end=end,
+                    window=window,
+                    baseline=baseline,
+                    cfg=rules.cfg,
+                    rules=rules.how,
+                )
+                item.lines, item.problems = answer.lines(), self_check(answer, throttled=True)
+            throttle = next(e for e in DEFAULT_SCENARIO["events"] if e["event"] == "throttle")
+            from babysitter.demo.explainer import EXPLAIN_WINDOW
+
+            at = t0 + float(throttle["at"]) + EXPLAIN_WINDOW
+            answer = explain(
+                client, RUN_NAME, end=at, window=EXPLAIN_WINDOW, baseline=30.0, cfg=rules.cfg, rules=rules.how
+            )
+            own = asked[-1]
+            own.lines, own.problems = answer.lines(), self_check(answer, throttled=False)
+            if not answer.top or answer.top.key != "gpu_throttling":
+                own.problems.append("the throttle is not ranked first")
+        except Exception as exc:
+            for item in asked:
+                item.problems.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _stop(proc, timeout=60.0)
+    return asked
+
+
 def _matrix(results: list[Result]) -> list[str]:
     results = [r for r in results if len(r.case.expected) == 1]
     columns: list[str] = []
@@ -268,7 +362,9 @@ def _matrix(results: list[Result]) -> list[str]:
     return out
 
 
-def markdown(results: list[Result], *, command: str, elapsed: float) -> str:
+def markdown(
+    results: list[Result], *, command: str, elapsed: float, newcomer: list[Asked] | None = None
+) -> str:
     """The results page."""
     singles = [r for r in results if len(r.case.expected) == 1]
     combos = [r for r in results if len(r.case.expected) > 1]
@@ -320,6 +416,21 @@ def markdown(results: list[Result], *, command: str, elapsed: float) -> str:
             f"| {r.case.name} | {', '.join(r.case.expected)} | {r.first} | {r.second} | {change} | {lost} "
             f"| {r.seconds:.0f} s |"
         )
+    if newcomer:
+        ok = sum(not a.problems for a in newcomer)
+        lines += [
+            "",
+            f"## The newcomer's sequence (issue 22): {ok} of {len(newcomer)} answers agree with themselves",
+            "",
+            "`babysitter demo --keep` with the default scenario, then, at its end, `explain` as the CLI "
+            "asks it (the rules' names read from the Prometheus), and the demo's own on-screen question:",
+            "",
+            "| asked | contradictions |",
+            "|---|---|",
+        ]
+        lines += [f"| `{a.label}` | {'; '.join(a.problems) or 'none'} |" for a in newcomer]
+        for a in newcomer:
+            lines += ["", f"### {a.label}", "", "```", *(a.lines or ["(no answer)"]), "```"]
     lines += ["", "## What explain printed", ""]
     for r in results:
         lines += [f"### {r.case.name}: {r.case.what}", "", "```"]
@@ -330,7 +441,9 @@ def markdown(results: list[Result], *, command: str, elapsed: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", nargs="*", choices=[c.name for c in CASES], help="run only these scenarios")
+    p.add_argument(
+        "--only", nargs="*", choices=[*(c.name for c in CASES), "newcomer"], help="run only these scenarios"
+    )
     p.add_argument("--out", type=Path, help="write the results page (markdown) here")
     p.add_argument("--keep", type=Path, help="keep the demos' work directories here (default: a temp dir)")
     args = p.parse_args(argv)
@@ -354,7 +467,14 @@ def main(argv: list[str] | None = None) -> int:
             for line in result.lines:
                 print("    " + line, flush=True)
             results.append(result)
-    page = markdown(results, command=command, elapsed=time.monotonic() - started)
+        newcomer = None
+        if not args.only or "newcomer" in args.only:
+            newcomer = run_newcomer(root)
+            for item in newcomer:
+                print(f"newcomer {item.label:26s} {'ok' if not item.problems else 'CONTRADICTS'}", flush=True)
+                for line in [*item.problems, *item.lines]:
+                    print("    " + line, flush=True)
+    page = markdown(results, command=command, elapsed=time.monotonic() - started, newcomer=newcomer)
     if args.out:
         args.out.write_text(page + "\n")
     else:

@@ -1,14 +1,26 @@
-"""Node agent overhead: CPU time per scrape and per second, and /metrics render time.
+"""Node agent overhead: CPU time per scrape, side by side with the fabric and host collectors off and on.
 
-Setup: the agent in this process with N simulated GPUs (the real NVML collector over the fake NVML,
-the Xid collector's threads) and M real trackers (``babysitter.watch`` in subprocesses, stepping)
-registered on the host. Measured in this process only (the trackers' own CPU is not the agent's):
+Setup: the agent in this process with N simulated GPUs (the real NVML collector over the fake NVML, the
+Xid collector's threads) and M real trackers (``babysitter.watch`` in subprocesses, stepping)
+registered on the host. With ``--fabric`` (the default) a second agent, built the same way, also reads a
+fake HGX-like sysfs tree (babysitter.node.fabric.fake: each GPU with its single-port NIC, so N ports
+and 2N PCIe devices, plus memory controllers and CPU packages): the two agents are scraped in turn, so
+both columns come from the same minutes of the same machine. Measured in this process only (the
+trackers' own CPU is not the agent's):
 
 - per scrape: process CPU time and wall time of ``Agent.render()`` (collect every collector, merge,
-  render the exposition), averaged over many scrapes;
-- render only: ``generate_latest`` of already-collected families (the exposition cost alone);
-- idle: process CPU per second with no scrape (background threads: simulator ticker, Xid readers);
-- per second at a 15 s scrape interval: idle + per-scrape / 15.
+  render the exposition), the median over many scrapes;
+- per collector: CPU of one ``collect()`` called directly (no thread), the median;
+- render only: ``generate_latest`` of already-collected families (prometheus_client's renderer, for
+  comparison with the agent's own);
+- idle: process CPU per second with no scrape (background threads: simulator ticker, Xid readers).
+
+Files on the fake tree are regular files, read the same way sysfs attributes are (open, read, close);
+a real sysfs attribute read costs about as much in CPU (the kernel formats the value; an InfiniBand
+counter may also wait on the NIC's firmware, which costs wall time, not CPU).
+
+``--no-fabric`` runs the first agent alone, and runs against a checkout without the fabric
+collectors (``PYTHONPATH=<old>/src``), for a before/after.
 
 Usage: python benchmarks/bench_node_agent.py [--gpus 8] [--trainers 8] [--scrapes 60] [--out FILE]
 """
@@ -26,6 +38,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import generate_latest
 from prometheus_client.registry import Collector
@@ -56,12 +69,31 @@ class _Frozen(Collector):
         return self.families
 
 
+def _median_ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1e3:.2f} ms"
+
+
+def _per_collector(agent: Any, rounds: int) -> dict[str, float]:
+    """Median CPU seconds of each collector's collect(), called directly in turn."""
+    found: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for runner in agent._runners:
+            c0 = time.process_time()
+            list(runner.collector.collect())
+            found.setdefault(runner.name, []).append(time.process_time() - c0)
+    return {name: statistics.median(values) for name, values in found.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--trainers", type=int, default=8)
     parser.add_argument("--scrapes", type=int, default=60)
     parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--cores", type=int, default=8, help="CPU cores per package of the fake host (2 packages)"
+    )
+    parser.add_argument("--fabric", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out", type=Path, default=None, help="append a markdown result section here")
     args = parser.parse_args()
 
@@ -71,64 +103,105 @@ def main() -> int:
         for rank in range(args.trainers):  # ranks of one job, as torchrun would start them
             env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(args.trainers)}
             procs.append(subprocess.Popen([sys.executable, "-c", TRACKER, str(reg)], env=env))
+        running = []
         try:
             deadline = time.monotonic() + 60
             while len(registration.list_endpoints(reg)) < args.trainers:
                 if time.monotonic() > deadline:
                     raise SystemExit("trackers did not register within 60 s")
                 time.sleep(0.2)
-            config = AgentConfig(simulate=args.gpus, registry_dir=reg, kmsg_path="")
-            running = build(config)
-            agent = running.agent
-            try:
-                body = agent.render()  # warm up: GPM priming, connection setup, imports
-                body = agent.render()
-                cpu, wall = [], []
-                for _ in range(args.scrapes):
+            configs = {"off": AgentConfig(simulate=args.gpus, registry_dir=reg, kmsg_path="")}
+            if args.fabric:
+                from babysitter.node.fabric.fake import FakeSysfs
+
+                fake = FakeSysfs(Path(tmp) / "sys", Path(tmp) / "proc")
+                fake.dgx(args.gpus, memory_controllers=2, packages=2, cores=args.cores)
+                configs["on"] = AgentConfig(
+                    simulate=args.gpus,
+                    registry_dir=reg,
+                    kmsg_path="",
+                    path_sysfs=fake.root,
+                    path_procfs=fake.proc,
+                )
+            agents = {}
+            for name, config in configs.items():
+                built = build(config)
+                running.append(built)
+                agents[name] = built.agent
+            bodies: dict[str, bytes] = {}
+            for agent in agents.values():
+                agent.render()  # warm up: GPM priming, connection setup, imports
+                agent.render()
+            cpu: dict[str, list[float]] = {name: [] for name in agents}
+            wall: dict[str, list[float]] = {name: [] for name in agents}
+            for _ in range(args.scrapes):
+                for name, agent in agents.items():  # in turn: both see the same machine load
                     c0, w0 = time.process_time(), time.perf_counter()
-                    body = agent.render()
-                    cpu.append(time.process_time() - c0)
-                    wall.append(time.perf_counter() - w0)
-                families = list(agent.collect())
-                registry = _Frozen(families)
-                render = []
-                for _ in range(args.scrapes):
-                    w0 = time.perf_counter()
-                    generate_latest(registry)  # type: ignore[arg-type]
-                    render.append(time.perf_counter() - w0)
-                c0, w0 = time.process_time(), time.perf_counter()
-                time.sleep(args.idle_seconds)
-                idle = (time.process_time() - c0) / (time.perf_counter() - w0)
-            finally:
-                running.close()
+                    bodies[name] = agent.render()
+                    cpu[name].append(time.process_time() - c0)
+                    wall[name].append(time.perf_counter() - w0)
+            last = list(agents)[-1]
+            per_collector = _per_collector(agents[last], max(10, args.scrapes // 3))
+            families = list(agents[last].collect())
+            registry = _Frozen(families)
+            render = []
+            for _ in range(args.scrapes):
+                w0 = time.perf_counter()
+                generate_latest(registry)  # type: ignore[arg-type]
+                render.append(time.perf_counter() - w0)
+            c0, w0 = time.process_time(), time.perf_counter()
+            time.sleep(args.idle_seconds)
+            idle = (time.process_time() - c0) / (time.perf_counter() - w0)
         finally:
+            for built in running:
+                built.close()
             for proc in procs:
                 proc.kill()
                 proc.wait()
 
-    series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
-    per_scrape_cpu = statistics.median(cpu)
+    def series(body: bytes) -> int:
+        return sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
+
+    names = list(agents)
+    head = "| measure | " + " | ".join(f"collectors {n}" if args.fabric else "value" for n in names) + " |"
     rows = [
-        ("agent CPU per scrape (median)", f"{per_scrape_cpu * 1e3:.1f} ms"),
-        ("agent CPU per scrape (p90)", f"{sorted(cpu)[int(0.9 * len(cpu))] * 1e3:.1f} ms"),
-        ("scrape wall time (median)", f"{statistics.median(wall) * 1e3:.1f} ms"),
-        ("render only, generate_latest (median)", f"{statistics.median(render) * 1e3:.2f} ms"),
-        ("idle CPU (background threads)", f"{idle * 100:.2f} % of one core"),
+        ("agent CPU per scrape (median)", [_median_ms(cpu[n]) for n in names]),
         (
-            "CPU per second at a 15 s scrape interval",
-            f"{(idle + per_scrape_cpu / 15) * 100:.2f} % of one core",
+            "agent CPU per scrape (p90)",
+            [f"{sorted(cpu[n])[int(0.9 * len(cpu[n]))] * 1e3:.2f} ms" for n in names],
         ),
-        ("/metrics size", f"{len(body) / 1024:.0f} KiB, {series} series"),
+        ("scrape wall time (median)", [_median_ms(wall[n]) for n in names]),
+        ("/metrics", [f"{len(bodies[n]) / 1024:.0f} KiB, {series(bodies[n])} series" for n in names]),
     ]
+    table = (
+        head
+        + "\n|---|"
+        + "---|" * len(names)
+        + "\n"
+        + "".join(f"| {k} | {' | '.join(v)} |\n" for k, v in rows)
+    )
+    collectors = "| collector | CPU per collect() (median) |\n|---|---|\n" + "".join(
+        f"| {name} | {seconds * 1e3:.2f} ms |\n" for name, seconds in per_collector.items()
+    )
+    extra = (
+        f"render only, prometheus_client's generate_latest of the same families: {_median_ms(render)}; "
+        f"idle CPU (background threads): {idle * 100:.2f} % of one core.\n"
+    )
+    fabric = (
+        f", a fake host of {args.gpus} ports, {2 * args.gpus} PCIe devices, 2 memory controllers, "
+        f"2 x {args.cores} cores"
+        if args.fabric
+        else ""
+    )
     header = (
         f"## {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {args.gpus} simulated GPUs, "
-        f"{args.trainers} trainers\n\n"
+        f"{args.trainers} trainers{fabric}\n\n"
         f"Machine: {cpu_model()}, {os.cpu_count()} logical CPUs (shared with other jobs), "
         f"Python {platform.python_version()}, {platform.system()} {platform.release()}.\n"
         f"Command: `python benchmarks/bench_node_agent.py --gpus {args.gpus} --trainers {args.trainers} "
-        f"--scrapes {args.scrapes}`\n\n| measure | value |\n|---|---|\n"
+        f"--scrapes {args.scrapes}{'' if args.fabric else ' --no-fabric'}`\n\n"
     )
-    text = header + "".join(f"| {k} | {v} |\n" for k, v in rows) + "\n"
+    text = header + table + "\n" + collectors + "\n" + extra + "\n"
     print(text)
     if args.out is not None:
         with args.out.open("a") as fh:

@@ -5,7 +5,12 @@ duration, set the last-step timestamp. They run interleaved in rounds so that ma
 of them alike; the ratios are the result, the absolute numbers describe this machine only.
 
     .venv/bin/python benchmarks/bench_tracker.py [--steps 200000] [--rounds 5] \
-        [--out benchmarks/results/tracker.md]
+        [--out benchmarks/results/tracker.md] [--flight-recorder]
+
+``--flight-recorder`` adds the tracker with torch's flight recorder read (a one-rank gloo group in this
+process, its recorder filled with 2000 collectives): the reader's thread on its own (counters every
+second), and with a full dump of the 2000 entries every second as well (one straggler round per
+second; real rounds come every ``straggler_every`` steps, seconds to minutes apart).
 """
 
 from __future__ import annotations
@@ -18,11 +23,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 import babysitter
-from babysitter.catalog import train as T
 
 Contender = Callable[[], None]
 
@@ -34,11 +39,74 @@ def babysitter_step() -> tuple[Contender, Callable[[], None]]:
     return tracker.step, tracker.close
 
 
+def _gloo_with_full_recorder() -> Any:
+    """A one-rank gloo group whose flight recorder holds 2000 collectives (torch 2.13's default size)."""
+    import os
+
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import HashStore
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+        t = torch.ones(256)
+        for _ in range(2100):
+            dist.all_reduce(t)
+    return dist
+
+
+def flight_reader_step(dumps: bool) -> Callable[[], tuple[Contender, Callable[[], None]]]:
+    def build() -> tuple[Contender, Callable[[], None]]:
+        import threading
+
+        from babysitter.training import flight
+        from babysitter.training.collectives import CollectiveMonitor
+
+        _gloo_with_full_recorder()
+        tracker = babysitter.watch(
+            run="bench",
+            tokens_per_step=4096,
+            flops_per_token=6e9,
+            peak_flops=1e15,
+            port=-1,
+            ledger=False,
+            flight_recorder=False,
+        )
+        monitor = CollectiveMonitor(tracker, enabled="user").start()
+        stop = threading.Event()
+
+        def rounds() -> None:
+            index = 0
+            while not stop.wait(1.0):
+                monitor.request_capture(index, flight.wall_ns())
+                index += 1
+
+        thread = threading.Thread(target=rounds, daemon=True)
+        if dumps:
+            thread.start()
+
+        def close() -> None:
+            stop.set()
+            tracker.close()
+            reads[("dumps" if dumps else "reads")] = (monitor.reads, monitor.captures)
+
+        return tracker.step, close
+
+    return build
+
+
+#: What the flight-recorder contenders' readers did: (counter reads, full dumps).
+reads: dict[str, tuple[int, int]] = {}
+
+
 def prometheus_client_step() -> tuple[Contender, Callable[[], None]]:
     registry = CollectorRegistry()
     steps = Counter("steps", "", registry=registry)
     tokens = Counter("tokens", "", registry=registry)
-    duration = Histogram("duration_seconds", "", buckets=T.STEP_BUCKETS, registry=registry)
+    # 13 buckets, as the tracker's step histogram had before the series budget (it keeps sum and count).
+    buckets = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+    duration = Histogram("duration_seconds", "", buckets=buckets, registry=registry)
     last = Gauge("last_step_timestamp_seconds", "", registry=registry)
     clock = time.perf_counter
     state = [clock()]
@@ -163,14 +231,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--flight-recorder", action="store_true", help="add the flight-recorder contenders")
     args = parser.parse_args()
 
-    builders = {
+    builders: dict[str, Callable[[], tuple[Contender, Callable[[], None]] | None]] = {
         "babysitter tracker.step()": babysitter_step,
         "prometheus_client Histogram+2 Counter+Gauge": prometheus_client_step,
         "OpenTelemetry SDK histogram+2 counter+gauge": otel_step,
         "Lightning Throughput.update": lightning_step,
     }
+    if args.flight_recorder:
+        builders["babysitter tracker.step(), flight recorder read"] = flight_reader_step(False)
+        builders["babysitter tracker.step(), + a 2000-entry dump every second"] = flight_reader_step(True)
     contenders: dict[str, tuple[Contender, Callable[[], None]]] = {}
     for name, build in builders.items():
         built = build()
@@ -208,7 +280,7 @@ def main() -> None:
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         f"- Machine: {machine()}",
         f"- Command: `.venv/bin/python benchmarks/bench_tracker.py --steps {args.steps} "
-        f"--rounds {args.rounds}`",
+        f"--rounds {args.rounds}{' --flight-recorder' if args.flight_recorder else ''}`",
         f"- Timer overhead subtracted from per-call samples: {overhead} ns",
         "",
         "| contender | median ns/call | p99 ns/call | loop ns/call | ratio to cheapest alternative (loop) |",
@@ -229,6 +301,15 @@ def main() -> None:
         "preallocated ring; the histogram is folded off the hot path, which is where the difference "
         "comes from.",
     ]
+    if reads:
+        base = next(r for r in rows if r[0] == "babysitter tracker.step()")
+        lines += ["", "Flight recorder read (ratios to `babysitter tracker.step()` in the same rounds):", ""]
+        for name, median, p99, loop in rows:
+            if "flight recorder" in name or "dump" in name:
+                ratios = (median / base[1], p99 / base[2], loop / base[3])
+                med, tail, loop_r = ratios
+                lines.append(f"- {name}: median {med:.2f}x, p99 {tail:.2f}x, loop {loop_r:.2f}x")
+        lines.append(f"- reader: (counter reads, full dumps) = {reads}")
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:

@@ -5,9 +5,12 @@
 On a machine without an NVIDIA GPU it prints why and exits 0, writing nothing. On a GPU machine it
 runs ``pytest -m gpu`` (the NVML collector against ``nvidia-smi -q -x``, CUDA-event step times against
 synchronized timing, sync debug mode over a tracked loop and the Lightning and Hugging Face callbacks,
-``babysitter probe`` against a plain matmul loop), collects the numbers each test recorded and writes
-``benchmarks/results/gpu.md`` with the machine. Exit status: 0 when every check passed, 1 otherwise.
-It is sized to finish within 8 minutes on one GPU (``--budget``).
+``babysitter probe`` against a plain matmul loop, the replica fingerprint on CUDA (no sync, equal to the
+CPU's, its cost per check against a training step) and every step's CUDA loss read without a sync
+(``tests/test_gpu_integrity.py``), ProcessGroupNCCL's flight recorder read on a one-rank NCCL group:
+its dump API, fields and GPU durations; none yet run on hardware), collects the numbers each test
+recorded and writes ``benchmarks/results/gpu.md`` with the machine. Exit status: 0 when every check
+passed, 1 otherwise. It is sized to finish within 8 minutes on one GPU (``--budget``).
 """
 
 from __future__ import annotations

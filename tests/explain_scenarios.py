@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from babysitter.catalog import fabric as F
 from babysitter.catalog import goodput as G
+from babysitter.catalog import integrity as I
 from babysitter.catalog import node as N
 from babysitter.catalog import storage as S
 from babysitter.catalog import train as T
@@ -60,6 +62,27 @@ class Scenario:
     #: Seconds the job stops stepping (process up, nothing booked) from 20 min before the window:
     #: the step-time rules read 0/0 = NaN then, inside the baseline.
     baseline_hang: float = 0.0
+    #: Silent corruption in the window: rank 2's parameters leave its replicas' at window start + 300 s
+    #: (step 4321), the checkpoint of step 4000 fails its digest from + 900 s, and (with ``bad_loss``)
+    #: rank 1's loss goes non-finite at step 5000, the others' at 5001.
+    corruption: bool = False
+    #: The rank whose GPU's nearest NIC port goes bad in the window: down for one tick at + 300 s and
+    #: again at + 900 s (link_downed +2), with symbol errors growing 50 per tick from + 300 s.
+    fabric_rank: int | None = None
+    #: Whether the hosts export fabric series at all (implied by ``fabric_rank``; the healthy run has
+    #: them too, so a clean fabric must find nothing). Off elsewhere: they cost the backfill seconds.
+    fabric: bool = False
+    #: Seconds into the window at which ``slow`` (and its throttling) begins: late in the window.
+    slow_from: float = 0.0
+    #: ``(alert name, rank, seconds into the window)``: Prometheus' ALERTS series of an alert firing
+    #: about that rank's GPU from then on (what the loaded rules would have written).
+    alerts: tuple[tuple[str, int, float], ...] = ()
+    #: Blocking seconds of each save before the window.
+    baseline_save_seconds: float = 20.0
+    #: Seconds of series the run has before the end (None: all of the history): a young run.
+    age: float | None = None
+    #: Seconds into the window at which the ``xid_rank`` fault (and the job's downtime) begins.
+    down_from: float = 300.0
 
     @property
     def cluster(self) -> str:
@@ -104,7 +127,7 @@ def scenario_lines(sc: Scenario, end: float, out: _Out) -> None:
     saves = sorted(end - SAVE_OFFSET - k * SAVE_EVERY for k in range(5))
     saves = [s for s in saves if s >= start and s < t0]
     saves += [t0 + (k + 0.5) * WINDOW / sc.saves_in_window for k in range(sc.saves_in_window)]
-    down = (t0 + 300, t0 + 720) if sc.xid_rank is not None else None
+    down = (t0 + sc.down_from, t0 + sc.down_from + 420) if sc.xid_rank is not None else None
     counters = {
         r: {"steps": 0.0, "sum": 0.0, "tokens": 0.0, "wait": 0.0, "ssum": 0.0, "scount": 0.0}
         for r in range(4)
@@ -119,7 +142,7 @@ def scenario_lines(sc: Scenario, end: float, out: _Out) -> None:
         blocked = 0.0
         save_now: list[float] = []
         for s in saves:
-            length = sc.save_seconds if s > t0 else 20.0
+            length = sc.save_seconds if s > t0 else sc.baseline_save_seconds
             blocked += max(0.0, min(t, s + length) - max(tick_start, s))
             if tick_start < s <= t:
                 save_now.append(length)
@@ -139,7 +162,8 @@ def scenario_lines(sc: Scenario, end: float, out: _Out) -> None:
                 counters[r] = dict.fromkeys(values, 0.0)
         ranks = [r for r in range(4) if not (in_window and t > t0 + 60 and r in sc.leave)]
         wait = sc.data_wait if in_window else 0.02
-        own = {r: (sc.slow.get(r, 1.0) if in_window else 1.0) * 1.0 + wait for r in ranks}
+        slowed = t > t0 + sc.slow_from
+        own = {r: (sc.slow.get(r, 1.0) if slowed else 1.0) * 1.0 + wait for r in ranks}
         pace = max(own.values())
         steps = 0.0 if is_down or hung else max(0.0, TICK - blocked) / pace
         if not is_down:
@@ -156,8 +180,9 @@ def scenario_lines(sc: Scenario, end: float, out: _Out) -> None:
             last_save = t
         if sc.bad_loss and tick_start < t0 + 600 <= t:
             nonfinite += 3
+        young = sc.age is not None and t < end - sc.age
         for r in ranks:
-            if is_down:
+            if is_down or young:
                 break
             c, rl = counters[r], rank_labels(r)
             out.add(T.STEPS.name, rl, t, c["steps"])
@@ -171,6 +196,14 @@ def scenario_lines(sc: Scenario, end: float, out: _Out) -> None:
             out.add(f"{T.CKPT_SAVE_DURATION.name}_count", rl, t, c["scount"])
             gl = gpu_labels(r)
             out.add(T.INFO.name, {**rl, "uuid": gl["uuid"], "pci_bus_id": gl["pci_bus_id"]}, t, 1.0)
+            if sc.corruption:
+                out.add(I.REPLICA_CHECKS.name, rl, t, (t - start) // 60)
+                if r == 2 and t >= t0 + 300:
+                    out.add(I.REPLICA_MISMATCH_STEP.name, rl, t, 4321.0)
+                if sc.bad_loss and t >= t0 + 600:
+                    out.add(
+                        I.NONFINITE_FIRST_STEP.name, {**rl, "signal": "loss"}, t, 5000.0 if r == 1 else 5001.0
+                    )
             if r == 0:
                 out.add(T.MFU.name, rl, t, steps * TOKENS_PER_STEP * FLOPS_PER_TOKEN / (TICK * PEAK))
                 out.add(T.LAST_STEP_TIMESTAMP.name, rl, t, t)
@@ -184,7 +217,7 @@ def scenario_lines(sc: Scenario, end: float, out: _Out) -> None:
         # The node agents: every GPU, whatever the job does.
         for r in range(4):
             gl = gpu_labels(r)
-            hot = sc.throttle and r in sc.slow and t >= t0 - 60
+            hot = sc.throttle and r in sc.slow and t >= t0 + (sc.slow_from if sc.slow_from else -60)
             lost = down is not None and sc.gpu_fault and r == sc.xid_rank and down[0] <= t < down[1]
             out.add(N.GPU_UP.name, gl, t, 0.0 if lost else 1.0)
             out.add(N.GPU_SM_CLOCK.name, gl, t, 1.1e9 if hot else 1.98e9)
@@ -194,6 +227,65 @@ def scenario_lines(sc: Scenario, end: float, out: _Out) -> None:
                 out.add(N.GPU_CLOCK_EVENT_ACTIVE.name, {**gl, "reason": reason}, t, 1.0 if active else 0.0)
             if down is not None and sc.gpu_fault and r == sc.xid_rank and t >= down[0]:
                 out.add(N.GPU_XID_ERRORS.name, {**gl, "xid": "79", "action": "reset_gpu"}, t, 1.0)
+            for alert, rank, since in sc.alerts:
+                if rank == r and t >= t0 + since:
+                    labels = {
+                        "alertname": alert,
+                        "alertstate": "firing",
+                        "severity": "warning",
+                        "cluster": sc.cluster,
+                        "instance": gl["instance"],
+                        "gpu": gl["gpu"],
+                        "reason": "hw_slowdown",
+                    }
+                    out.add("ALERTS", labels, t, 1.0)
+        if sc.corruption:
+            sentinel = {**job, "cluster": sc.cluster, "instance": hosts[0], "run": sc.name}
+            bad = t >= t0 + 900
+            out.add(S.CHECKPOINT_CORRUPT.name, sentinel, t, 1.0 if bad else 0.0)
+            if bad:
+                where = {**sentinel, "file": "__2_0.distcp", "reason": "digest"}
+                out.add(S.CHECKPOINT_CORRUPT_STEP.name, where, t, 4000.0)
+        # The fabric: each GPU's nearest NIC port (mlx5_<gpu> on its host), every port healthy but one.
+        for r in range(4) if sc.fabric or sc.fabric_rank is not None else ():
+            gl = gpu_labels(r)
+            port = {
+                **job,
+                "cluster": sc.cluster,
+                "instance": hosts[r // 2],
+                "device": f"mlx5_{r % 2}",
+                "port": "1",
+            }
+            nic = f"0000:{0x19 + 0x10 * (r % 2):02x}:00.0"
+            gpu_address = f"{gl['pci_bus_id']}.0"
+            info = {
+                **port,
+                "uuid": gl["uuid"],
+                "pci_bus_id": gl["pci_bus_id"],
+                "gpu_pci_address": gpu_address,
+                "nic_pci_address": nic,
+                "link": "PIX",
+                "nic_index": "0",
+            }
+            out.add(F.GPU_NIC.name, info, t, 1.0)
+            bad = sc.fabric_rank == r and in_window
+            downs = sum(1 for at in (300, 900) if bad and t >= t0 + at)
+            flapped = bad and any(t0 + at <= t < t0 + at + TICK for at in (300, 900))
+            out.add(F.IB_PORT_STATE.name, port, t, 1.0 if flapped else 4.0)
+            out.add(F.IB_PORT_ERRORS.name, {**port, "counter": "link_downed"}, t, float(downs))
+            errors = max(0.0, (t - t0 - 300) / TICK * 50) if bad else 0.0
+            out.add(F.IB_PORT_ERRORS.name, {**port, "counter": "symbol_error"}, t, errors)
+            for address, kind in ((gpu_address, "gpu"), (nic, "nic")):
+                pl = {
+                    **job,
+                    "cluster": sc.cluster,
+                    "instance": hosts[r // 2],
+                    "pci_address": address,
+                    "kind": kind,
+                }
+                out.add(F.PCIE_LINK_WIDTH.name, pl, t, 16.0)
+                out.add(F.PCIE_LINK_MAX_WIDTH.name, pl, t, 16.0)
+                out.add(F.PCIE_AER_ERRORS.name, {**pl, "severity": "fatal"}, t, 0.0)
         for host in hosts:
             probe = sc.storage_seconds if in_window else 0.2
             sl = {**job, "cluster": sc.cluster, "instance": host, "path": "/ckpt"}

@@ -21,7 +21,10 @@ __all__ = [
     "AlertmanagerServer",
     "LiveStack",
     "WebhookReceiver",
+    "agent_job",
+    "alertmanager_config",
     "dashboard_exprs",
+    "has_data",
     "known_series_names",
     "load_yaml",
     "promtool",
@@ -141,6 +144,24 @@ def dashboard_exprs(model: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
+def has_data(prom: Any, expr: str, instant: bool, start: float) -> bool:
+    """Whether the query returns at least one finite sample (range queries from ``start`` to now)."""
+    import math
+    import time
+    import urllib.parse
+
+    if instant:
+        values = [sample["value"][1] for sample in prom.query(expr)]
+    else:
+        from promkit import _get_json
+
+        params = {"query": expr, "start": repr(start), "end": repr(time.time()), "step": "2"}
+        body = _get_json(f"{prom.url}/api/v1/query_range?{urllib.parse.urlencode(params)}")
+        assert body.get("status") == "success", (expr, body)
+        values = [value for series in body["data"]["result"] for _, value in series["values"]]
+    return any(math.isfinite(float(value)) for value in values)
+
+
 def known_series_names() -> set[str]:
     """Every series name the catalog and the recording rules define (histograms and summaries with
     their suffixes)."""
@@ -170,6 +191,16 @@ def referenced_names(expr: str) -> set[str]:
     }
 
 
+def agent_job(generated: Path, address: str) -> dict[str, Any]:
+    """The generated per-rack agent's node job (its drop list and limits) from ``generated``'s
+    ``exporters/prometheus-agent.yml``, pointed at one host and scraping every second."""
+    config = yaml.safe_load((generated / "exporters/prometheus-agent.yml").read_text())
+    job = dict(config["scrape_configs"][0])
+    job.pop("file_sd_configs")
+    job.update(scrape_interval="1s", scrape_timeout="1s", static_configs=[{"targets": [address]}])
+    return job
+
+
 def load_yaml(path: Path) -> Any:
     """Parse a YAML file."""
     return yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -196,10 +227,18 @@ cfg = TinyConfig()
 model = TinyGPT(cfg)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 seq, batch = 32, 4
+# LIVE_REPLICA_EVERY: the ranks join a gloo group (a file store) and run the replica check. They are not
+# replicas of each other (separate seeds, no gradient all-reduce), so both are named: panels get data.
+replica_every = int(os.environ.get("LIVE_REPLICA_EVERY", "0")) or None
+if replica_every:
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + os.environ["LIVE_STORE"], rank=rank,
+                            world_size=int(os.environ["WORLD_SIZE"]))
+nan_at = int(os.environ.get("LIVE_NAN_AT", "0"))  # rank 1's loss is NaN at this step (0: never)
 t = babysitter.watch(model, run="live", tokens_per_step=batch * seq, samples_per_step=batch,
                      flops_per_token=palm_flops_per_token(model, seq), peak_flops=2e10, port=0,
                      registry_dir=reg, run_dir=run_dir, labels={"cluster": sys.argv[6]},
-                     flush_interval=0.2, mfu_window=10.0)
+                     flush_interval=0.2, mfu_window=10.0, replica_check_every=replica_every)
 # A CPU rank has no GPU: it stands in for the simulated node's GPU <rank> (what watch() reads from
 # torch and NVML on a CUDA rank; tests/test_rank_gpu.py tests that path), so the rank-to-GPU joins
 # have data.
@@ -208,7 +247,8 @@ from babysitter.node.gpu.fake import fake_gpus
 gpu = fake_gpus(rank + 1)[rank]
 t.gpu = {"uuid": gpu.uuid, "pci_bus_id": normalize_pci_bus_id(gpu.pci_bus_id)}
 for x, y in t.data(batches(cfg, batch, seq, seed=rank)):
-    t.step(loss=train_step(model, opt, x, y))
+    loss = train_step(model, opt, x, y)
+    t.step(loss=float("nan") if rank == 1 and t.steps + 1 == nan_at else loss)
     if t.steps == 150:
         with t.checkpoint_load(step=0):
             time.sleep(0.05)
@@ -226,8 +266,9 @@ class LiveStack:
     """Trainers (subprocesses, one per rank) + ``babysitter node-agent --simulate`` + Prometheus.
 
     The agent serves the trainers (found through the registration directory), so Prometheus has one
-    target, job ``babysitter-node`` with the target label ``cluster`` (``honor_labels`` keeps the
-    trainers' own ``cluster`` constant label, as a deployment must).
+    target, job ``babysitter-node`` with the target label ``cluster``, scraped as
+    exporters/prometheus-scrape.yml does (no ``honor_labels``: the target's ``cluster`` wins over the
+    trainers' own, which is dropped).
     """
 
     def __init__(
@@ -241,8 +282,12 @@ class LiveStack:
         step_sleep: float = 0.05,
         ckpt_every: int = 25,
         extra_storage: Sequence[Path] = (),
+        trainer_env: dict[str, str] | None = None,
+        sysfs: Path | None = None,
+        procfs: Path | None = None,
     ) -> None:
         self.workdir = workdir
+        self.sysfs, self.procfs = sysfs, procfs
         self.reg = workdir / "reg"
         self.run_dir = workdir / "run"
         self.storage = workdir / "ckpt-storage"
@@ -255,6 +300,7 @@ class LiveStack:
         self.step_sleep = step_sleep
         self.ckpt_every = ckpt_every
         self.extra_storage = list(extra_storage)
+        self.trainer_env = dict(trainer_env or {})
         self.trainers: list[subprocess.Popen[bytes]] = []
         self.agent: subprocess.Popen[bytes] | None = None
         self.prom: Any = None
@@ -286,7 +332,11 @@ class LiveStack:
             # The trainers save every few seconds; verify enough of them that a deleted one stays
             # checked until the test has seen the page (a real job keeps its last few, saved hours apart).
             argv += ["--checkpoint-run-dir", str(self.run_dir), "--checkpoint-interval", "1"]
-            argv += ["--checkpoint-keep-last", "100"]
+            argv += ["--checkpoint-keep-last", "100", "--checkpoint-reverify-interval", "1"]
+            if self.sysfs is not None:  # a fake host's fabric (babysitter.node.fabric.fake)
+                argv += ["--path.sysfs", str(self.sysfs), "--fabric-rescan-interval", "5"]
+            if self.procfs is not None:
+                argv += ["--path.procfs", str(self.procfs)]
             self.agent = subprocess.Popen(argv, stdout=self._log("agent.log"), stderr=subprocess.STDOUT)
             for rank in range(self.ranks):
                 env = {
@@ -296,6 +346,8 @@ class LiveStack:
                     "WORLD_SIZE": str(self.ranks),
                     # The checkpoint advisor's fallback rate, so its panels have advice to show.
                     "BABYSITTER_CLUSTER_RATE": "100/1000",
+                    "LIVE_STORE": str(self.workdir / "gloo-store"),
+                    **self.trainer_env,
                 }
                 args = [
                     str(TESTS_DIR),
@@ -315,8 +367,8 @@ class LiveStack:
             address = read_port_file(self.workdir / "addr", timeout=60)
             job = {
                 "job_name": "babysitter-node",
-                "honor_labels": True,
                 "static_configs": [{"targets": [address], "labels": {"cluster": CLUSTER}}],
+                "metric_relabel_configs": [{"action": "labeldrop", "regex": "exported_.*"}],
             }
             self.prom = PrometheusServer(
                 self.workdir,
@@ -350,15 +402,21 @@ class LiveStack:
         for handle in self._logs:
             handle.close()
 
-    def newest_checkpoint(self, timeout: float = 30.0) -> Path:
-        """Rank 0's newest checkpoint file (the sentinel verifies only the newest few of a run)."""
+    def newest_checkpoint(self, timeout: float = 30.0, before: Path | None = None) -> Path:
+        """Rank 0's newest checkpoint file (the sentinel verifies only the newest few of a run); with
+        ``before``, the newest one older than that."""
         import time
+
+        def step(path: Path) -> int:
+            return int(path.name.split("-")[1])
 
         deadline = time.monotonic() + timeout
         while True:
-            saved = list(self.run_dir.glob("ckpt-*-rank0.pt"))
+            saved = [
+                p for p in self.run_dir.glob("ckpt-*-rank0.pt") if before is None or step(p) < step(before)
+            ]
             if saved:
-                return max(saved, key=lambda path: int(path.name.split("-")[1]))
+                return max(saved, key=step)
             if time.monotonic() > deadline:
                 raise AssertionError(f"no checkpoint saved in {timeout} s: {self.log_tail('trainer0.log')}")
             time.sleep(0.5)
@@ -428,6 +486,20 @@ class WebhookReceiver:
             if re.fullmatch(r"/pager(-[\w-]+)?", where)
             for a in self.alerts(where)
         ]
+
+
+def alertmanager_config(receiver: str) -> str:
+    """The example Alertmanager config with every receiver's webhook pointed at ``receiver/<name>`` and
+    short grouping delays (every route: the pager route sets its own production timings)."""
+    config = yaml.safe_load((REPO / "exporters/alertmanager.yml").read_text())
+    routes = [config["route"]]
+    while routes:
+        route = routes.pop()
+        route.update(group_wait="1s", group_interval="2s", repeat_interval="1h")
+        routes += route.get("routes", [])
+    for item in config["receivers"]:
+        item["webhook_configs"] = [{"url": f"{receiver}/{item['name']}", "send_resolved": True}]
+    return str(yaml.safe_dump(config))
 
 
 class AlertmanagerServer:

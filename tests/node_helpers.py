@@ -8,6 +8,7 @@ from pathlib import Path
 
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 __all__ = ["Scrape", "parse_exposition", "read_port_file", "scrape", "wait_for"]
 
@@ -29,6 +30,12 @@ class Scrape:
             s.value
             for s in self.samples
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        ]
+
+    def matching(self, name: str, **labels: str) -> list[Sample]:
+        """The samples named ``name`` whose labels include ``labels`` (with all their labels)."""
+        return [
+            s for s in self.samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
         ]
 
     def value(self, name: str, **labels: str) -> float:

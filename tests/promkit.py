@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["PrometheusServer", "free_port", "require_binary"]
+__all__ = ["PrometheusServer", "free_port", "instant_query", "require_binary", "single_value"]
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager") or ""
@@ -46,6 +46,28 @@ def free_port() -> int:
 def _get_json(url: str, timeout: float = 5.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback test URL
         return json.loads(response.read())
+
+
+def instant_query(url: str, expr: str, at: float | None = None, **extra: str) -> list[dict[str, Any]]:
+    """An instant query against a Prometheus HTTP API at ``url``; the result vector (raises on an
+    error). ``extra``: more query parameters (VictoriaMetrics's ``nocache``)."""
+    params = {"query": expr, **extra}
+    if at is not None:
+        params["time"] = repr(at)
+    body = _get_json(f"{url}/api/v1/query?{urllib.parse.urlencode(params)}")
+    if body.get("status") != "success":
+        raise AssertionError(f"query {expr!r} failed at {url}: {body}")
+    result = body["data"]["result"]
+    return result if isinstance(result, list) else [{"metric": {}, "value": result}]
+
+
+def single_value(result: list[dict[str, Any]], expr: str) -> float | None:
+    """The one value of an instant query's result, None when it is empty."""
+    if not result:
+        return None
+    if len(result) != 1:
+        raise AssertionError(f"{expr!r} returned {len(result)} series")
+    return float(result[0]["value"][1])
 
 
 class PrometheusServer:
@@ -151,23 +173,11 @@ class PrometheusServer:
 
     def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
         """Instant query; the result vector (raises on a PromQL error)."""
-        params = {"query": expr}
-        if at is not None:
-            params["time"] = repr(at)
-        body = _get_json(f"{self.url}/api/v1/query?{urllib.parse.urlencode(params)}")
-        if body.get("status") != "success":
-            raise AssertionError(f"query {expr!r} failed: {body}")
-        result = body["data"]["result"]
-        return result if isinstance(result, list) else [{"metric": {}, "value": result}]
+        return instant_query(self.url, expr, at)
 
     def query_value(self, expr: str, at: float | None = None) -> float | None:
         """The single value of an instant query, None when the result is empty."""
-        result = self.query(expr, at)
-        if not result:
-            return None
-        if len(result) != 1:
-            raise AssertionError(f"{expr!r} returned {len(result)} series")
-        return float(result[0]["value"][1])
+        return single_value(self.query(expr, at), expr)
 
     def wait_for(self, expr: str, timeout: float = 30.0) -> list[dict[str, Any]]:
         """Poll until ``expr`` returns a non-empty vector; the vector."""

@@ -405,7 +405,8 @@ def test_report_says_when_data_is_insufficient_and_takes_a_cluster_rate(
     _ledger(1).write(tmp_path / "babysitter-ledger.jsonl")
     assert main(["report", str(tmp_path)]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "INSUFFICIENT DATA: insufficient data: 1 interruption(s)" in out
+    assert "INSUFFICIENT DATA: 1 interruption(s)" in out
+    assert "insufficient data" not in out.replace("INSUFFICIENT DATA", ""), out  # said once (issue 22)
     assert main(["report", str(tmp_path), "--json", "--cluster-rate", "40/100000", "--gpus", "64"]) == 0
     rate = json.loads(capsys.readouterr().out)["checkpoint_advice"]["rate"]
     assert rate["source"] == "cluster" and rate["per_hour"] == pytest.approx(40 / 100_000 * 64)

@@ -36,9 +36,11 @@ class TestAlertMetadata:
             "gpu",
             "node",
             "remediation",
+            "fabric",
+            "host",
         }
         annotations = rule["annotations"]
-        assert set(annotations) == {"summary", "description", "runbook_url"}
+        assert set(annotations) == {"summary", "description", "runbook_url", *alert.annotations}  # type: ignore[attr-defined]
         assert "{{ $value" in annotations["description"] or "{{ $labels." in annotations["description"]
         # Absolute (clickable in a page), ending in the committed page's path under the base URL.
         url = annotations["runbook_url"]
@@ -62,7 +64,12 @@ class TestAlertMetadata:
             for case in firing:
                 for expected in case["exp_alerts"]:
                     assert expected["exp_labels"]["severity"] == alert.severity
-                    assert set(expected["exp_annotations"]) == {"summary", "description", "runbook_url"}
+                    assert set(expected["exp_annotations"]) == {
+                        "summary",
+                        "description",
+                        "runbook_url",
+                        *alert.annotations,
+                    }
 
     def test_paging_xid_actions_match_the_node_agent(self) -> None:
         """Every Xid action the config names is one the node agent's catalog can emit."""
@@ -116,7 +123,7 @@ class TestPromtool:
         """promtool test rules passes every alert's firing and quiet cases."""
         require_promtool()
         tests = sorted(str(p.relative_to(REPO / "alerts")) for p in (REPO / "alerts/tests").glob("*.yaml"))
-        assert len(tests) == len(ALERTS) + 1  # and the recording rules' test
+        assert len(tests) == len(ALERTS) + 3  # and the recording rules' three tests (fabric, windows)
         result = promtool(["test", "rules", *tests], REPO / "alerts", timeout=120)
         assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
         assert result.stdout.count("SUCCESS") == len(tests)

@@ -11,30 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from babysitter.catalog import train as T
 from babysitter.generate import fast
 from babysitter.generate.writer import render, write
-from gen_helpers import REPO, AlertmanagerServer, LiveStack, WebhookReceiver
+from gen_helpers import AlertmanagerServer, LiveStack, WebhookReceiver, alertmanager_config
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
 XID79_AT = 20  # seconds after the agent starts
-
-
-def _alertmanager_config(receiver: str) -> str:
-    """The example config with its webhooks pointed at the test and short grouping delays."""
-    config = yaml.safe_load((REPO / "exporters/alertmanager.yml").read_text())
-    routes = [config["route"]]
-    while routes:  # every route: the pager route sets its own (production) timings
-        route = routes.pop()
-        route.update(group_wait="1s", group_interval="2s", repeat_interval="1h")
-        routes += route.get("routes", [])
-    for item in config["receivers"]:
-        name = item["name"]
-        item["webhook_configs"] = [{"url": f"{receiver}/{name}", "send_resolved": True}]
-    return yaml.safe_dump(config)
 
 
 def _wait_for_page(hook: WebhookReceiver, alertname: str, timeout: float, **labels: str) -> dict[str, Any]:
@@ -57,7 +42,7 @@ def test_stalled_xid79_and_missing_checkpoint_page(tmp_path: Path) -> None:
     scenario = [{"at": XID79_AT, "gpu": 1, "event": "xid79"}]
     with (
         WebhookReceiver() as hook,
-        AlertmanagerServer(tmp_path, _alertmanager_config(hook.url)) as am,
+        AlertmanagerServer(tmp_path, alertmanager_config(hook.url)) as am,
         LiveStack(tmp_path, rule_files=rules, scenario=scenario, ranks=1, alertmanager=am.address) as stack,
     ):
         prom = stack.prom

@@ -29,9 +29,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "catalog": ("babysitter.catalog",),
     "core": (
         "babysitter._version",
+        "babysitter.checkpoints",
         "babysitter.export",
         "babysitter.flops",
         "babysitter.hardware",
+        "babysitter.jsonout",
         "babysitter.labels",
         "babysitter.ledger",
         "babysitter.prom",
@@ -58,6 +60,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
 #: The only imports between different top-level packages of one layer (importer -> imported).
 SIDEWAYS: frozenset[tuple[str, str]] = frozenset(
     {
+        # Which checkpoint verifies reads the ledger's record of the saves.
+        ("babysitter.checkpoints", "babysitter.ledger"),
         # The facade re-exports the training side's API; ``python -m babysitter`` is the command line.
         ("babysitter", "babysitter.training"),
         ("babysitter.__main__", "babysitter.cli"),

@@ -93,6 +93,11 @@ def test_mapped_series_carry_the_node_agents_names_units_and_labels(
     prom, a, _ = stack
     sel = f'uuid="{UUID_A}", pci_bus_id="0000:02:00", model="{MODEL}", gpu="0", instance="{a.target}"'
     prom.wait_for(f"{N.GPU_SM_CLOCK.name}{{{sel}}} == 210e6")
+    # Each mapped name is its own recording rule: under load the first evaluations land apart.
+    for spec in (N.GPU_MEMORY_USED, N.GPU_MEMORY_TOTAL, N.GPU_ENERGY, N.GPU_UTILIZATION, N.GPU_POWER):
+        prom.wait_for(f"{spec.name}{{{sel}}}")
+    for spec in (N.GPU_POWER_LIMIT, N.GPU_UP):
+        prom.wait_for(f"{spec.name}{{{sel}}}")
     assert prom.query_value(f"{N.GPU_MEMORY_USED.name}{{{sel}}}") == 46614 * 1024**2
     assert prom.query_value(f"{N.GPU_MEMORY_TOTAL.name}{{{sel}}}") == 48662 * 1024**2
     assert prom.query_value(f"{N.GPU_ENERGY.name}{{{sel}}}") == pytest.approx(955287.014)

@@ -167,7 +167,7 @@ def test_demo_pages_every_fault_and_reports_the_ledgers_goodput(tmp_path: Path) 
     assert len(fault_at) == 6, out
     # The throttle fault is explained on screen (explain in-process, the demo's fast profile), its GPU
     # joined to the training's rank through train_info, throttling ranked first; and again at the end.
-    # Not the time it costs: here the 14 s explained run into the freeze and the 30 s before them hold
+    # Not the time it costs: here the 20 s explained run into the freeze and the 30 s before them hold
     # the hang's stuck step, so the step-time ratio (and with it the charge) depends on where the
     # rate windows fall (0.8x, no time, in one clean-clone CI run; time charged in an earlier run). test_explain and
     # benchmarks/results/explain_live.md time the throttle on a clean baseline.
@@ -178,7 +178,7 @@ def test_demo_pages_every_fault_and_reports_the_ledgers_goodput(tmp_path: Path) 
         out,
     )
     assert "GPU 1 throttles (hw_slowdown)" in fault_at, out
-    assert shown and float(shown.group(1)) >= 76 + 14, out  # 14 s after the fault's scripted time
+    assert shown and float(shown.group(1)) >= 76 + 20, out  # 20 s after the fault's scripted time
     assert re.search(r"^explained GPU 1 throttles \(hw_slowdown\): gpu throttling \(infra", out, re.M), out
     for name in PAGED:
         assert re.search(rf"\] PAGE critical {name} ", out), f"{name} not paged:\n{out}"
@@ -220,12 +220,12 @@ def test_demo_pages_every_fault_and_reports_the_ledgers_goodput(tmp_path: Path) 
     # The report ends with the checkpoint advice: one interruption is too few, and it says so.
     flat = " ".join(out.split())
     assert "checkpoint advice: save every" in flat and "INSUFFICIENT DATA" in flat, out
-    # The final report's goodput is the ledger's, digit for digit.
+    # The final report's goodput is the ledger's, to the one decimal every goodput is printed with.
     m = re.search(r"^goodput ([\d.]+)% \(productive", out, re.M)
     assert m, out
     summary = summarize(workdir / "run")
     assert summary.state == "ended"
-    assert float(m.group(1)) == pytest.approx(round(summary.totals.goodput * 100, 4), abs=1e-9)
+    assert float(m.group(1)) == pytest.approx(round(summary.totals.goodput * 100, 1), abs=1e-9)
     report = subprocess.run(
         [sys.executable, "-m", "babysitter", "report", str(workdir / "run"), "--json"],
         capture_output=True,

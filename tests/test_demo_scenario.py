@@ -24,14 +24,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_default_scenario_tells_the_whole_story() -> None:
-    """Healthy stretch, slow checkpoint, Xid 79, kill + restart, hang, each with its page; recovery while
-    the training's GPU throttles (no page: the demo explains it on screen)."""
+    """Healthy stretch, the training's GPU throttles (explained on screen, and paged as GpuThrottled),
+    slow checkpoint, Xid 79, kill + restart, hang, each with its page; then time to recover."""
     s = default_scenario()
     kinds = [e.event for e in s.events]
-    assert kinds == ["slow_checkpoint", "xid79", "kill", "recover", "hang", "throttle"]
+    assert kinds == ["throttle", "slow_checkpoint", "xid79", "kill", "recover", "hang"]
     assert s.events[0].at >= 20, "a healthy stretch first"
     assert s.duration - s.events[-1].at - s.events[-1].seconds >= 20, "time to recover after the last fault"
     assert {e.event: e.expect for e in s.events if e.expect} == {
+        "throttle": ("GpuThrottled",),
         "slow_checkpoint": ("CheckpointSaveSlow",),
         "xid79": ("GpuXidCritical", "GpuDown"),
         "kill": ("TrainingProcessExited",),
@@ -133,10 +134,10 @@ def test_a_throttle_on_the_trainings_gpu_slows_its_steps() -> None:
 
 
 def test_truncation_drops_later_faults() -> None:
-    s, dropped = default_scenario().truncated(45)
-    assert s.duration == 45
-    assert [e.event for e in s.events] == ["slow_checkpoint", "xid79"]
-    assert [e.event for e in dropped] == ["kill", "recover", "hang", "throttle"]
+    s, dropped = default_scenario().truncated(62)
+    assert s.duration == 62
+    assert [e.event for e in s.events] == ["throttle", "slow_checkpoint", "xid79"]
+    assert [e.event for e in dropped] == ["kill", "recover", "hang"]
 
 
 @pytest.mark.parametrize(

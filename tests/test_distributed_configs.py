@@ -69,8 +69,10 @@ def test_the_drop_list_spares_every_series_a_rule_dashboard_or_query_reads() -> 
     """The agent's drop regex, applied as Prometheus does (anchored), matches no name that is read."""
     cfg = GenerateConfig()
     config = yaml.safe_load(AGENT.read_text())
-    (drop,) = config["scrape_configs"][0]["metric_relabel_configs"]
+    drop, labels = config["scrape_configs"][0]["metric_relabel_configs"]
     assert drop["action"] == "drop"
+    # ...and the labels only the scrape and the external labels may set are dropped from what is served.
+    assert labels == {"action": "labeldrop", "regex": f"exported_.*|{cfg.cluster_label}|rack"}
     pattern = re.compile(drop["regex"])
     text = "\n".join(central_expressions(cfg))
     used = central_metrics(cfg)
@@ -87,13 +89,16 @@ def test_the_drop_list_spares_every_series_a_rule_dashboard_or_query_reads() -> 
 
 
 def test_sample_limit_leaves_headroom_over_a_full_hosts_budget() -> None:
-    """A host with 8 GPUs and 8 ranks at its full budget is far from the limit that would refuse it."""
+    """A host with 8 GPUs and 8 ranks at its full budget is far from the limit that would refuse it, and
+    so is a host whose trainers serve all the node agent lets them (no user can push it over)."""
     config = yaml.safe_load(AGENT.read_text())
     limit = config["scrape_configs"][0]["sample_limit"]
     assert limit == AgentSettings().sample_limit
     full = per_node(8, 8)
-    assert full == BUDGET.host + 8 * BUDGET.gpu + 7 * BUDGET.rank + BUDGET.rank0
+    fabric = 8 * BUDGET.fabric_port + 16 * BUDGET.pcie_device + 8 * BUDGET.gpu_nic + BUDGET.host_hardware
+    assert full == BUDGET.host + 8 * BUDGET.gpu + 7 * BUDGET.rank + BUDGET.rank0 + fabric
     assert limit >= 1.5 * full
+    assert limit >= per_node(8, 0) + BUDGET.trainers
 
 
 def test_kubernetes_podmonitors_match_the_daemonset_and_the_budget() -> None:
@@ -106,7 +111,8 @@ def test_kubernetes_podmonitors_match_the_daemonset_and_the_budget() -> None:
     assert agent["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
     (endpoint,) = agent["spec"]["podMetricsEndpoints"]
-    assert endpoint["port"] in ports and endpoint["honorLabels"] is True
+    assert endpoint["port"] in ports and not endpoint.get("honorLabels", False)
+    assert {"action": "labeldrop", "regex": "exported_.*"} in endpoint["metricRelabelings"]
     assert agent["spec"]["sampleLimit"] == AgentSettings().sample_limit
     cfg = GenerateConfig()
     for monitor, selector in ((agent, cfg.node_up_selector), (trainers, cfg.tracker_up_selector)):

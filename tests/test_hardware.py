@@ -54,7 +54,18 @@ REAL_NAMES: list[tuple[str, str | None]] = [
     ("NVIDIA H100", None),  # variant unknown, peaks differ by 30%
     ("AMD Instinct MI250X / MI250", None),  # one ROCm spelling for two parts with different peaks
     ("AMD Instinct MI300A", None),
-    ("NVIDIA H20", None),
+    # The China-market parts (issue 22): H800 and A800 as NVML and torch.cuda.get_device_name spell
+    # them in public logs and vendor docs (NVIDIA's vGPU supported-GPU list names "NVIDIA H800 PCIe").
+    ("NVIDIA H800", "H800 SXM"),
+    ("NVIDIA H800 80GB HBM3", "H800 SXM"),
+    ("NVIDIA H800 PCIe", "H800 PCIe"),
+    ("NVIDIA H20", "H20"),
+    ("NVIDIA A800-SXM4-80GB", "A800 SXM"),
+    ("NVIDIA A800-SXM4-40GB", "A800 SXM"),
+    ("NVIDIA A800 80GB PCIe", "A800 PCIe"),
+    ("NVIDIA A800 40GB Active", "A800 PCIe"),
+    ("NVIDIA L20", "L20"),
+    ("NVIDIA H20A", None),  # not the H20's row without a source for it
     ("Intel(R) Data Center GPU Max 1550", None),
     ("", None),
 ]
@@ -94,6 +105,7 @@ class TestTable:
             "A100 SXM", "A100 PCIe", "H100 SXM", "H100 PCIe", "H100 NVL", "H200 SXM", "H200 NVL",
             "B200", "GB200", "L4", "L40S", "A10", "A10G", "MI250X", "MI300X", "MI325X",
             "B300", "GB300", "MI350X", "MI355X",
+            "H800 SXM", "H800 PCIe", "A800 SXM", "A800 PCIe", "H20", "L20",
             "TPU v4", "TPU v5e", "TPU v5p", "TPU v6e",
         }  # fmt: skip
         assert required <= rows
@@ -147,6 +159,17 @@ class TestTable:
             ("AMD Instinct MI355X", "fp32", 157.2864),
             ("AMD Instinct MI350X", "bf16", 2306.8672),
             ("AMD Instinct MI350X", "fp8", 4613.7344),
+            # H800/A800: the H100's/A100's silicon and datasheet figures; H20 and L20: dense in their briefs.
+            ("NVIDIA H800", "bf16", 989.5),
+            ("NVIDIA H800", "fp8", 1979),
+            ("NVIDIA H800 PCIe", "bf16", 756),
+            ("NVIDIA A800-SXM4-80GB", "bf16", 312),
+            ("NVIDIA A800 80GB PCIe", "tf32", 156),
+            ("NVIDIA H20", "bf16", 148),
+            ("NVIDIA H20", "fp8", 296),
+            ("NVIDIA H20", "tf32", 74),
+            ("NVIDIA L20", "bf16", 119.5),
+            ("NVIDIA L20", "fp8", 239),
             ("TPU v5 lite", "bf16", 197),
             ("TPU v5", "bf16", 459),
             ("TPU v6 lite", "bf16", 918),
@@ -389,3 +412,77 @@ class TestDetectOtherStacks:
         name = hw.detect_device_name(nvml=FakeNvml([], init_fails=True), environ={})
         assert name == "TPU v5 lite"
         assert hw.canonical_device(name).device == "TPU v5e"
+
+
+class TestNewcomerMistakes:
+    """Issue 22: a typo in a device name or a dtype says what was meant."""
+
+    def test_a_device_typo_warns_once_with_did_you_mean(self, caplog: pytest.LogCaptureFixture) -> None:
+        """No MFU (never a guessed peak), and one warning naming the closest rows and spellings."""
+        caplog.set_level(logging.WARNING)
+        assert hw.lookup_peak("H10 SXM", "bf16") is None
+        assert hw.lookup_peak("H10 SXM", "bf16") is None
+        said = [r.getMessage() for r in caplog.records if "H10 SXM" in r.getMessage()]
+        assert len(said) == 1 and "did you mean 'H100 SXM'" in said[0], said
+
+    @pytest.mark.parametrize(
+        ("typo", "meant"),
+        [
+            ("NVIDIA H100 80GB HMB3", "NVIDIA H100 80GB HBM3"),
+            ("NVIDIA H80", "NVIDIA H800"),
+            ("nvidia h2O", "NVIDIA H20"),
+            ("NVIDIA L2O", "NVIDIA L20"),
+            ("A800-SXM", "A800 SXM"),
+        ],
+    )
+    def test_did_you_mean_puts_the_meant_device_first(self, typo: str, meant: str) -> None:
+        assert hw.did_you_mean(typo)[0] == meant
+
+    def test_an_ambiguous_name_is_offered_its_own_variants(self) -> None:
+        """A bare "NVIDIA H100" is offered the H100's variants, not a neighbour (H200, H800)."""
+        offered = hw.did_you_mean("NVIDIA H100")
+        assert offered and all("H100" in name for name in offered), offered
+
+    def test_nothing_close_offers_nothing(self) -> None:
+        assert hw.did_you_mean("NVIDIA GeForce RTX 4090") == []
+
+    def test_a_dtype_typo_is_one_clear_error_at_watch(self) -> None:
+        """A ValueError raised from watch() itself (no frames of the resolution behind it), with the
+        closest spelling, not a list of 36."""
+        import babysitter
+
+        with pytest.raises(ValueError, match=r"unknown training dtype 'bf61': did you mean 'bf16'") as info:
+            babysitter.watch(port=-1, dtype="bf61", peak_flops=1e12)
+        assert len(str(info.value)) < 300
+        frames = []
+        tb = info.value.__traceback__
+        while tb is not None:
+            frames.append(tb.tb_frame.f_code.co_name)
+            tb = tb.tb_next
+        assert frames[-1] == "watch", frames
+
+
+@pytest.mark.parametrize(
+    ("reported", "row", "bf16_tflops"),
+    [("NVIDIA H800", "H800 SXM", 989.5), ("NVIDIA A800-SXM4-80GB", "A800 SXM", 312),
+     ("NVIDIA H20", "H20", 148), ("NVIDIA L20", "L20", 119.5)],
+)  # fmt: skip
+def test_a_user_on_a_china_market_gpu_gets_mfu(
+    reported: str, row: str, bf16_tflops: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device name the driver reports (detection faked: no GPU here) selects the row, and the
+    tracker reports MFU against its dense bf16 peak."""
+    import babysitter
+
+    monkeypatch.setattr(hw, "detect_device_name", lambda: reported)
+    tracker = babysitter.watch(port=-1, dtype="bf16", flops_per_token=6e9, tokens_per_step=4096)
+    try:
+        assert tracker.config.peak.device == row
+        assert tracker.config.peak.flops_per_second == pytest.approx(bf16_tflops * 1e12)
+        for _ in range(5):
+            tracker.step()
+        snap = tracker.snapshot()
+        assert snap.mfu is not None and snap.tokens_per_second
+        assert snap.mfu == pytest.approx(snap.tokens_per_second * 6e9 / (bf16_tflops * 1e12))
+    finally:
+        tracker.close()

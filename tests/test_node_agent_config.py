@@ -66,6 +66,26 @@ class TestSources:
         assert c.enabled("xid")
         assert not c.enabled("trainers")
 
+    def test_sysfs_flags_spelled_as_node_exporter_does(self, tmp_path: Path) -> None:
+        """--path.sysfs (and the dashed alias, the environment, a file key with a dot) names the tree the
+        hardware collectors read; under --simulate they are off unless a tree is named."""
+        (tmp_path / "sys").mkdir()
+        assert parse("--path.sysfs", str(tmp_path / "sys")).sysfs == tmp_path / "sys"
+        assert parse("--path-sysfs", str(tmp_path / "sys")).sysfs == tmp_path / "sys"
+        assert parse(env={"BABYSITTER_NODE_PATH_PROCFS": str(tmp_path)}).procfs == tmp_path
+        cfg = tmp_path / "agent.json"
+        cfg.write_text(json.dumps({"path.sysfs": str(tmp_path / "sys"), "fabric-rescan-interval": 5}))
+        c = parse("--config", str(cfg))
+        assert (c.sysfs, c.fabric_rescan_interval) == (tmp_path / "sys", 5.0)
+        assert parse().sysfs == Path("/sys") and parse().enabled("infiniband")
+        assert not parse("--simulate", "2").enabled("pcie")
+        assert parse("--simulate", "2", "--path.sysfs", str(tmp_path / "sys")).enabled("pcie")
+        assert not parse("--no-collector.edac").enabled("edac")
+        with pytest.raises(ConfigError, match="not a directory"):
+            parse("--path.sysfs", str(tmp_path / "missing"))
+        with pytest.raises(ConfigError, match="rescan interval"):
+            parse("--fabric-rescan-interval", "-1")
+
     def test_environment_lists_use_pathsep(self) -> None:
         """A list in the environment is separated like PATH."""
         c = parse(env={"BABYSITTER_NODE_STORAGE_PATH": f"/x{os.pathsep}/y"})

@@ -49,13 +49,14 @@ TRACKER = textwrap.dedent(
 
 #: Families the agent exports in this setup. Retired pages are absent on purpose: an H100 remaps rows
 #: and NVML answers NotSupported for page retirement (test_node_sim covers both kinds of GPU); so are
-#: the trainer error and skipped-registration counters, which appear once something fails (covered
-#: by test_node_trainers_hostile).
+#: the trainer error, skipped-registration and dropped-series counters, which appear once something
+#: fails (covered by test_node_trainers_hostile and test_node_trainers_bound).
 _ABSENT = (
     N.GPU_RETIRED_PAGES,
     N.GPU_RETIRED_PAGES_PENDING,
     N.TRAINER_SCRAPE_ERRORS,
     N.TRAINER_REGISTRATIONS_SKIPPED,
+    N.TRAINER_SERIES_DROPPED,
 )
 EXPECTED_NODE = {spec.name for spec in N.METRICS if spec not in _ABSENT}
 EXPECTED_STORAGE = {ST.STORAGE_PROBE_WRITE.name, ST.STORAGE_PROBE_FSYNC.name, ST.STORAGE_FREE.name}

@@ -128,6 +128,27 @@ class TestValues:
         assert len(s.find(N.GPU_NVLINK_ERRORS.name, gpu="0")) == 4 * 4
         per_link.close()
 
+    def test_nvlink_sums_come_from_the_driver_totals_in_one_call(self, lib: FakeNvml) -> None:
+        """The summed counters are the driver's totals (one field-values call per GPU, not one call per
+        link and counter); a driver without them gives the same sums link by link."""
+        for index in (0, 1):
+            lib.gpu(index).nvlink_active = 18
+            lib.gpu(index).nvlink_errors = {
+                (5, F.NVML_NVLINK_ERROR_DL_CRC_FLIT): 4,
+                (17, F.NVML_NVLINK_ERROR_DL_CRC_FLIT): 1,
+            }
+        lib.gpu(1).unsupported.add("nvlink_totals")
+        c = GpuCollector(lib)
+        c.start()
+        before = lib.calls.get("nvmlDeviceGetNvLinkErrorCounter", 0)
+        s = scrape(c)
+        for gpu in ("0", "1"):
+            assert s.value(N.GPU_NVLINK_ERRORS.name, gpu=gpu, link="all", type="crc_flit") == 5
+            assert s.value(N.GPU_NVLINK_ERRORS.name, gpu=gpu, link="all", type="replay") == 0
+        # GPU 0 answered from its totals; GPU 1 was asked link by link: 18 links x 4 counters.
+        assert lib.calls.get("nvmlDeviceGetNvLinkErrorCounter", 0) - before == 18 * 4
+        c.close()
+
     def test_no_nvlink_series_without_nvlink(self, lib: FakeNvml) -> None:
         """A GPU without NVLink (state NotSupported) has no NVLink series."""
         lib.gpu(1).nvlink_active = 0

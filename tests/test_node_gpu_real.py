@@ -303,3 +303,27 @@ def test_xid_collector_reads_the_real_kernel_log_and_restarts_to_the_same_counts
     )
     assert first_status.get("kmsg") == (True, "") and first_status.get("nvml") == (True, ""), first_status
     assert sorted(map(str, first)) == sorted(map(str, second)), (first, second)
+
+
+def test_nvlink_totals_equal_the_per_link_sums(collector: Any) -> None:
+    """The summed NVLink counters come from the driver's _TOTAL fields in one call (issue 24): on real
+    hardware they must equal the sums of the per-link counters (read a moment later, so a counter that
+    moved in between may be higher there, never lower). A GPU without NVLink exports neither."""
+    per_link = GpuCollector(load_pynvml(), nvlink_per_link=True)
+    per_link.start()
+    try:
+        totals = scrape(collector)
+        links = scrape(per_link)
+    finally:
+        per_link.close()
+    compared = 0
+    for sample in totals.matching(N.GPU_NVLINK_ERRORS.name, link="all"):
+        gpu, kind = sample.labels["gpu"], sample.labels["type"]
+        summed = sum(
+            s.value
+            for s in links.matching(N.GPU_NVLINK_ERRORS.name, gpu=gpu, type=kind)
+            if s.labels["link"] != "all"
+        )
+        assert summed >= sample.value, (gpu, kind, sample.value, summed)
+        compared += 1
+    record("nvlink_totals", compared=compared)

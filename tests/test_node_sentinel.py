@@ -142,12 +142,13 @@ class TestFiles:
     def test_relative_paths_unknown_size_urls_and_no_path(self, run_dir: Path, make, caplog) -> None:
         (run_dir / "ckpt").mkdir()
         (run_dir / "ckpt" / "a.pt").write_bytes(b"x" * 10)
+        (run_dir / "ckpt" / "b.pt").write_bytes(b"x" * 10)
         write_ledger(
             run_dir,
             "r",
             [
                 (1, T0 + 1, 10, "ckpt/a.pt"),  # relative to the run directory
-                (2, T0 + 2, None, "ckpt/a.pt"),  # no size: existence only
+                (2, T0 + 2, None, "ckpt/b.pt"),  # no size: existence only
                 (3, T0 + 3, 10, "s3://bucket/run/step-3"),
                 (4, T0 + 4, 10, None),
             ],

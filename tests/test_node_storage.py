@@ -120,6 +120,7 @@ class TestCollector:
             gone.mkdir()
             wait_for(lambda: scrape(c).value(S.STORAGE_PROBE_UP.name, path=str(gone)) == 1)
         assert sum("works again" in r.getMessage() for r in caplog.records) == 1
+        c.close()  # the probes run every 50 ms: one may be between its write and its unlink
         assert os.listdir(good) == []
         assert os.listdir(gone) == []
 

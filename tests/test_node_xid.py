@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from babysitter.catalog import fabric
 from babysitter.catalog import node as N
 from babysitter.node.collector import GpuIdentity
 from babysitter.node.gpu.fake import FakeNvml, fake_gpus
@@ -20,6 +21,7 @@ from babysitter.node.xid.collector import XidCollector, XidDeduper
 from node_helpers import scrape, wait_for
 
 XID = N.GPU_XID_ERRORS.name
+EVENTS = fabric.KERNEL_LOG_EVENTS.name
 XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
 
 
@@ -171,6 +173,19 @@ class TestKernelLog:
         s = scrape(c)
         assert s.value(XID, gpu="", model="", pci_bus_id="0000:77:00", xid="48", action="workflow") == 2
         assert s.value(XID, xid="48", uuid="GPU-77777777-0000-4000-8000-000000000077") == 2
+
+    def test_trouble_lines_are_counted_by_pattern_history_included(self, kernel_log: Path, make) -> None:
+        """Every pattern is exported (0 until seen); history and new lines count, each line once."""
+        append(kernel_log, "[ 7.0] INFO: task python3:42 blocked for more than 120 seconds.\n")
+        c = make(gpus=list, kmsg_path=str(kernel_log))
+        wait_live(c)
+        s = scrape(c)
+        assert {x.labels["pattern"] for x in s.matching(EVENTS)} == set(fabric.KERNEL_LOG_PATTERNS)
+        assert s.value(EVENTS, pattern="hung_task") == 1
+        append(kernel_log, "[ 8.0] nfs: server fs1 not responding, still trying\n" * 2)
+        wait_for(lambda: scrape(c).value(EVENTS, pattern="nfs_not_responding") == 2)
+        assert scrape(c).value(EVENTS, pattern="hung_task") == 1
+        assert scrape(make(gpus=list, kmsg_path=None)).find(EVENTS) == []  # no kernel log, no series
 
     def test_known_bus_gets_the_gpus_labels(self, lib: FakeNvml, kernel_log: Path, make) -> None:
         c = make(gpus=lambda: identities(lib), kmsg_path=str(kernel_log))

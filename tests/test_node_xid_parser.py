@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from babysitter.catalog import fabric
 from babysitter.node.collector import normalize_pci_bus_id
 from babysitter.node.xid import codes as xid_catalog
 from babysitter.node.xid.kmsg import KernelLogParser, XidEvent, parse_log
@@ -252,3 +253,51 @@ class TestCatalog:
     def test_unknown_code_is_unknown_not_dropped(self) -> None:
         assert xid_catalog.lookup(999) is None
         assert xid_catalog.action_for(999) == xid_catalog.UNKNOWN_ACTION
+
+
+class TestTroublePatterns:
+    """Kernel lines that come before trouble, counted by pattern (kernel records only)."""
+
+    LINES = (
+        ("[ 812.1] watchdog: BUG: soft lockup - CPU#12 stuck for 23s! [python:4242]", "soft_lockup"),
+        ("[ 900.0] INFO: task python3:4242 blocked for more than 120 seconds.", "hung_task"),
+        (
+            "[ 901.0] pcieport 0000:16:00.0: AER: PCIe Bus Error: severity=Corrected, type=Physical Layer, "
+            "(Receiver ID)",
+            "pcie_bus_error_corrected",
+        ),
+        (
+            "[ 902.0] nvidia 0000:18:00.0: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=Transaction "
+            "Layer, (Requester ID)",
+            "pcie_bus_error_uncorrected",
+        ),
+        (
+            "[ 903.0] mlx5_core 0000:19:00.0: wait_func:1110:(pid 37): ENABLE_HCA(0x104) timeout. Will cause a "
+            "leak of a command resource",
+            "mlx5_cmd_timeout",
+        ),
+        (
+            "[ 904.0] mlx5_core 0000:19:00.0: poll_health:800:(pid 0): device's health compromised",
+            "mlx5_health",
+        ),
+        ("[ 905.0] nfs: server 10.0.0.5 not responding, still trying", "nfs_not_responding"),
+        ("[ 906.0] nfs: server 10.0.0.5 OK", None),
+        ("[ 907.0] mlx5_core 0000:19:00.0: Port module event: module 0, Cable plugged", None),
+        ("[ 908.0] e1000e: eth0 NIC Link is Up 1000 Mbps", None),
+    )
+
+    @pytest.mark.parametrize(("line", "pattern"), LINES)
+    def test_each_pattern(self, line: str, pattern: str | None) -> None:
+        parser = KernelLogParser()
+        parser.feed(line)
+        assert parser.pattern == pattern
+        if pattern is not None:
+            assert pattern in fabric.KERNEL_LOG_PATTERNS
+
+    def test_kmsg_records_of_userspace_never_match(self) -> None:
+        """Only the kernel facility counts: a process writing a fake soft lockup to /dev/kmsg is ignored."""
+        parser = KernelLogParser()
+        parser.feed("4,812,123456789,-;watchdog: BUG: soft lockup - CPU#3 stuck for 22s! [x:1]")
+        assert parser.pattern == "soft_lockup"
+        parser.feed("12,813,123456790,-;watchdog: BUG: soft lockup - CPU#3 stuck for 22s! [x:1]")  # LOG_USER
+        assert parser.pattern is None

@@ -196,7 +196,9 @@ def test_alertmanager_config_passes_amtool(path: Path) -> None:
 )
 def test_node_jobs_are_the_ones_the_rules_watch(name: str) -> None:
     """Each single-server example's jobs match the rules' node agent selector (a job named otherwise
-    would never page NodeAgentDown) and keep the trainers' own labels."""
+    would never page NodeAgentDown) and keep instance, job and their target labels their own: no
+    honor_labels (a trainer on one host could write into another's series), a trainer's value of a
+    target label dropped rather than kept as exported_*."""
     selector = GenerateConfig().node_up_selector
     match = re.fullmatch(r'job=~"(.+)"', selector)
     assert match, selector
@@ -204,7 +206,8 @@ def test_node_jobs_are_the_ones_the_rules_watch(name: str) -> None:
     assert jobs
     for job in jobs:
         assert re.fullmatch(match.group(1), job["job_name"]), job["job_name"]
-        assert job["honor_labels"] is True
+        assert not job.get("honor_labels", False)
+        assert {"action": "labeldrop", "regex": "exported_.*"} in job["metric_relabel_configs"]
 
 
 @pytest.mark.prometheus

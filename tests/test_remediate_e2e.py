@@ -135,6 +135,9 @@ def test_xid79_drains_the_node_and_the_job_resumes_elsewhere(tmp_path: Path) -> 
 
             # Alertmanager needs the receiver's address, Prometheus Alertmanager's, the policy Prometheus'.
             remediate = f"127.0.0.1:{free_port()}"
+            token = tmp_path / "remediate.token"  # Alertmanager authenticates, as exporters/alertmanager.yml
+            token.write_text("e2e-remediate-token-0123456789\n")
+            token.chmod(0o600)
             am_config = {
                 "route": {
                     "receiver": "remediate",
@@ -146,7 +149,15 @@ def test_xid79_drains_the_node_and_the_job_resumes_elsewhere(tmp_path: Path) -> 
                 "receivers": [
                     {
                         "name": "remediate",
-                        "webhook_configs": [{"url": f"http://{remediate}/alerts", "send_resolved": True}],
+                        "webhook_configs": [
+                            {
+                                "url": f"http://{remediate}/alerts",
+                                "send_resolved": True,
+                                "http_config": {
+                                    "authorization": {"type": "Bearer", "credentials_file": str(token)}
+                                },
+                            }
+                        ],
                     }
                 ],
             }
@@ -193,6 +204,8 @@ def test_xid79_drains_the_node_and_the_job_resumes_elsewhere(tmp_path: Path) -> 
                     str(policy),
                     "--listen-address",
                     remediate,
+                    "--token-file",
+                    str(token),
                 ]
                 procs.append(
                     subprocess.Popen(

@@ -172,10 +172,8 @@ class FakeApiServer:
         self.server.server_close()
 
 
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[tuple[FakeApiServer, KubernetesBackend]]:
-    stub = FakeApiServer()
-    kubeconfig = tmp_path / "kubeconfig"
+def write_kubeconfig(kubeconfig: Path, stub: FakeApiServer) -> Path:
+    """A kubeconfig for the official client: the stub's URL and the token it wants."""
     kubeconfig.write_text(
         json.dumps(
             {
@@ -188,6 +186,13 @@ def api(tmp_path: Path) -> Iterator[tuple[FakeApiServer, KubernetesBackend]]:
             }
         )
     )
+    return kubeconfig
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[FakeApiServer, KubernetesBackend]]:
+    stub = FakeApiServer()
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", stub)
     backend = KubernetesBackend(KubernetesOptions(kubeconfig=str(kubeconfig), timeout=10))
     yield stub, backend
     stub.close()

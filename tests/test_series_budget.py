@@ -3,8 +3,10 @@
 Scenario (the worst of normal operation): two trackers of one run, rank 0 with its ledger and rank 1,
 each after 20 steps, a checkpoint save, a checkpoint load and an eval phase; a node agent with 8
 simulated GPUs, one storage path and the checkpoint sentinel over rank 0's run directory (one of
-its checkpoints deleted). The counts must stay within the budget and equal the ones recorded in
-catalog.budget.MEASURED, which docs/metrics.md shows.
+its checkpoints deleted), reading the fabric of a fake HGX-like host (babysitter.node.fabric.fake:
+8 GPUs and 8 single-port NICs, 16 PCIe devices, 2 memory controllers, 2 CPU packages). The counts
+must stay within the budget and equal the ones recorded in catalog.budget.MEASURED, which
+docs/metrics.md shows.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import babysitter
+from babysitter.catalog import fabric as F
 from babysitter.catalog.budget import BUDGET, MEASURED
+from babysitter.node.config import SYSFS_COLLECTORS
+from babysitter.node.fabric.fake import FakeSysfs
 from node_helpers import read_port_file, wait_for
 
 pytestmark = pytest.mark.slow
@@ -85,6 +90,9 @@ def scrapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Series]:
     argv += ["--storage-path", str(storage), "--checkpoint-run-dir", str(run_dir)]
     argv += ["--storage-interval", "1", "--checkpoint-interval", "1"]
     argv += ["--simulate-kernel-log", str(tmp / "kern.log")]
+    fabric = FakeSysfs(tmp / "sys", tmp / "proc")
+    fabric.dgx(8, memory_controllers=2, packages=2, cores=4)
+    argv += ["--path.sysfs", str(fabric.root), "--path.procfs", str(fabric.proc)]
     with (tmp / "agent.log").open("wb") as log:
         agent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -132,9 +140,56 @@ def test_each_gpu_stays_within_its_budget(scrapes: dict[str, Series]) -> None:
     assert max(counts.values()) == MEASURED.gpu, "update catalog.budget.MEASURED and docs/metrics.md"
 
 
+_FABRIC = {spec.name for spec in F.METRICS}
+_HOST_HARDWARE = {spec.name for spec in (F.EDAC_CORRECTABLE, F.EDAC_UNCORRECTABLE, F.CPU_CORE_THROTTLES)} | {
+    F.CPU_PACKAGE_THROTTLES.name,
+    F.KERNEL_LOG_EVENTS.name,
+    F.SYSFS_PROBLEMS.name,
+}
+
+
+def _hardware(name: str, labels: dict[str, str]) -> bool:
+    """A host-hardware series: EDAC, thermal, kernel-log patterns, and the sysfs collectors' own health."""
+    return name in _HOST_HARDWARE or labels.get("collector") in SYSFS_COLLECTORS
+
+
+def _by(series: Series, names: set[str], key: str) -> dict[str, int]:
+    return collections.Counter(labels[key] for name, labels in series if name in names and key in labels)
+
+
+def test_each_fabric_port_pcie_device_and_gpu_nic_stays_within_its_budget(scrapes: dict[str, Series]) -> None:
+    """8 InfiniBand ports, 16 PCIe devices (8 GPUs, 8 NICs) and 8 GPUs' nearest NICs, the largest counted."""
+    agent = scrapes["agent"]
+    ports = collections.Counter(
+        (labels["device"], labels["port"]) for name, labels in agent if name.startswith("infiniband_")
+    )
+    devices = _by(agent, {n for n in _FABRIC if n.startswith("pcie_")}, "pci_address")
+    nics = _by(agent, {F.GPU_NIC.name}, "uuid")
+    assert (len(ports), len(devices), len(nics)) == (8, 16, 8)
+    assert max(ports.values()) <= BUDGET.fabric_port, ports
+    assert max(devices.values()) <= BUDGET.pcie_device, devices
+    assert max(nics.values()) <= BUDGET.gpu_nic, nics
+    assert (max(ports.values()), max(devices.values()), max(nics.values())) == (
+        MEASURED.fabric_port,
+        MEASURED.pcie_device,
+        MEASURED.gpu_nic,
+    ), "update catalog.budget.MEASURED and docs/metrics.md"
+
+
+def test_the_hosts_hardware_stays_within_its_budget(scrapes: dict[str, Series]) -> None:
+    """EDAC (2 controllers), CPU thermal (2 packages), the kernel-log patterns, the sysfs collectors' health."""
+    hardware = [(name, labels) for name, labels in scrapes["agent"] if _hardware(name, labels)]
+    assert len(hardware) <= BUDGET.host_hardware, sorted(name for name, _ in hardware)
+    assert len(hardware) == MEASURED.host_hardware, "update catalog.budget.MEASURED and docs/metrics.md"
+
+
 def test_the_host_stays_within_its_budget(scrapes: dict[str, Series]) -> None:
     """The agent's own series, one storage path and one sentinel run, within 30."""
-    host = [(name, labels) for name, labels in scrapes["agent"] if "gpu" not in labels]
+    host = [
+        (name, labels)
+        for name, labels in scrapes["agent"]
+        if "gpu" not in labels and name not in _FABRIC and not _hardware(name, labels)
+    ]
     assert not [s for s in host if "rank" in s[1]]  # no trainer registered with this agent
     assert {"storage_probe_up", "checkpoint_missing", "checkpoint_missing_newest_step"} <= {
         n for n, _ in host

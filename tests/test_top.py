@@ -158,3 +158,47 @@ def test_unreachable_prometheus_is_an_error_line_not_a_crash(capsys: pytest.Capt
 def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert "babysitter top:" in capsys.readouterr().err
+
+
+def test_at_80_columns_nothing_is_cut_and_duplicate_alerts_are_merged() -> None:
+    """Issue 22: at 80 columns the headers read "good…" and "Train…", and GpuThrottled was listed
+    twice, once per throttle reason, with the reason hidden. Now every header and value is whole
+    (firing alerts move under their table), and one row per alert says which reasons fired."""
+    from babysitter.views.top import AlertRow
+    from babysitter.views.top.screen import merged_alerts
+
+    now = time.time()
+    node = "127.0.0.1:43557"
+    throttled = [
+        AlertRow("GpuThrottled", "firing", "warning", {"instance": node, "gpu": "6", "reason": r}, now - 60)
+        for r in ("hw_slowdown", "hw_thermal_slowdown")
+    ]
+    frame = Frame(
+        time=now,
+        source="prometheus http://127.0.0.1:47415",
+        runs=(RunRow("demo", 1, 4108, 0.052, 0.898, 0.145, 0.705, 10.3, 1),),
+        nodes=(NodeRow(node, 8, (), {"79": 1}, 96.0, 0.946),),
+        alerts=(*throttled, AlertRow("TrainingGoodputLow", "firing", "warning", {"run": "demo"}, now - 500)),
+    )
+    console = Console(record=True, width=80, color_system=None)
+    console.print(render(frame, 80))
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in text, text
+    for header in ("goodput", "restarts", "ranks", "node"):
+        assert header in text
+    assert "  demo firing: TrainingGoodputLow" in text
+    assert f"  {node} firing: GpuThrottled x2" in text
+    rows = [line for line in lines if line.startswith("│ GpuThrottled")]
+    assert len(rows) == 1, text
+    assert "reason=hw_slowdown," in text and "hw_thermal_slowdown" in text
+    merged = merged_alerts(frame.alerts or ())
+    assert [(a.name, extra) for a, extra in merged] == [
+        ("GpuThrottled", "reason=hw_slowdown, hw_thermal_slowdown"),
+        ("TrainingGoodputLow", ""),
+    ]
+    # Wide terminals keep the alerts on the rows.
+    wide = Console(record=True, width=200, color_system=None)
+    wide.print(render(frame, 200))
+    assert "TrainingGoodputLow" in next(line for line in wide.export_text().splitlines() if "4108" in line)

@@ -30,7 +30,7 @@ from babysitter.generate import fast
 from babysitter.generate.config import parse_duration
 from babysitter.generate.rules import Records
 from babysitter.generate.writer import render, write
-from gen_helpers import CLUSTER, REPO, TESTS_DIR, TRAINER, AlertmanagerServer, WebhookReceiver
+from gen_helpers import CLUSTER, REPO, TESTS_DIR, TRAINER, AlertmanagerServer, WebhookReceiver, agent_job
 from node_helpers import read_port_file
 from promkit import PrometheusServer
 
@@ -52,15 +52,6 @@ def _alertmanager_config(receiver: str) -> str:
     for item in config["receivers"]:
         item["webhook_configs"] = [{"url": f"{receiver}/{item['name']}", "send_resolved": True}]
     return yaml.safe_dump(config)
-
-
-def _agent_job(generated: Path, address: str) -> dict[str, Any]:
-    """The generated per-rack agent's node job (drop list, limits), pointed at one host, 1 s scrapes."""
-    config = yaml.safe_load((generated / "exporters/prometheus-agent.yml").read_text())
-    job = dict(config["scrape_configs"][0])
-    job.pop("file_sd_configs")
-    job.update(scrape_interval="1s", scrape_timeout="1s", static_configs=[{"targets": [address]}])
-    return job
 
 
 def _pages(hook: WebhookReceiver, tier: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
@@ -92,6 +83,19 @@ def _value(prom: PrometheusServer, expr: str, at: float) -> float:
     value = prom.query_value(expr, at=at)
     assert value is not None, f"{expr} empty at {at} on {prom.url}; log: {prom.log_tail()}"
     return value
+
+
+#: Seconds by which the tiers' samples of one moment may differ: the rack agent's 1 s scrape, its 1 s
+#: remote-write batches and the central tier's 1 s evaluations against the single one's own 1 s cycle.
+SKEW = 4
+
+
+def _envelope(prom: PrometheusServer, expr: str, at: float, span: float) -> tuple[float, float]:
+    """The least and the greatest value ``expr`` had within ``span`` seconds of ``at``."""
+    window = f"({expr})[{2 * span:g}s:250ms]"
+    low = _value(prom, f"min_over_time({window})", at + span)
+    high = _value(prom, f"max_over_time({window})", at + span)
+    return low, high
 
 
 class _Hosts:
@@ -185,8 +189,8 @@ def test_two_tier_pages_and_values_match_a_single_prometheus(tmp_path: Path) -> 
         # The single Prometheus scrapes both hosts as exporters/prometheus-scrape.yml does: no drops.
         single_job = {
             "job_name": "babysitter-node",
-            "honor_labels": True,
             "static_configs": [{"targets": list(hosts.addresses.values()), "labels": {"cluster": CLUSTER}}],
+            "metric_relabel_configs": [{"action": "labeldrop", "regex": "exported_.*"}],
         }
         single = stack.enter_context(
             PrometheusServer(
@@ -202,7 +206,7 @@ def test_two_tier_pages_and_values_match_a_single_prometheus(tmp_path: Path) -> 
                 PrometheusServer(
                     folder,
                     agent=True,
-                    extra_scrape_configs=[_agent_job(generated, hosts.addresses[rack])],
+                    extra_scrape_configs=[agent_job(generated, hosts.addresses[rack])],
                     external_labels={"cluster": CLUSTER, "rack": rack},
                     # Small batches, sent at once: the fast profile's windows are seconds long.
                     remote_write=[
@@ -235,13 +239,17 @@ def test_two_tier_pages_and_values_match_a_single_prometheus(tmp_path: Path) -> 
         # Same MFU and goodput: run-level recording rules and rank 0's own goodput, read at the same
         # instant (the tiers scraped at different moments, hence a small tolerance).
         _wait(lambda: central.query(r.goodput_window) and single.query(r.goodput_window), 30, "goodput rules")
-        at = time.time() - 3
+        time.sleep(SKEW)
+        at = time.time() - SKEW - 1
         for expr in (f'{r.mfu}{{run="live"}}', f'{r.tokens_rate}{{run="live"}}'):
             a, b = _value(central, expr, at), _value(single, expr, at)
             assert a > 0 and a == pytest.approx(b, rel=0.15), (expr, a, b)
         for expr in (f'{r.goodput_window}{{run="live"}}', f'max({G.GOODPUT.name}{{run="live"}})'):
-            a, b = _value(central, expr, at), _value(single, expr, at)
-            assert 0 < a <= 1 and a == pytest.approx(b, abs=0.03), (expr, a, b)
+            # A young run's goodput climbs by percents a second (its startup is a large share of its
+            # wall time), so two tiers that scraped and evaluated a few seconds apart differ by that
+            # much: the central value must lie within what the single Prometheus held around it.
+            a, (low, high) = _value(central, expr, at), _envelope(single, expr, at, SKEW)
+            assert 0 < a <= 1 and low - 0.01 <= a <= high + 0.01, (expr, a, low, high)
 
         # Rack b's agent Prometheus dies: its rank's series stop reaching the central tier.
         agents["b"].kill()

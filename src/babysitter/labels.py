@@ -44,7 +44,7 @@ def validate_labels(labels: Mapping[str, object] | None) -> dict[str, str]:
         raise ValueError(f"at most {MAX_LABELS} constant labels are allowed, got {len(labels)}")
     clean: dict[str, str] = {}
     for name, value in labels.items():
-        if not isinstance(name, str) or not _NAME.match(name) or name.startswith("__"):
+        if not isinstance(name, str) or not _NAME.fullmatch(name) or name.startswith("__"):
             raise ValueError(f"invalid label name {name!r}: use [a-zA-Z_][a-zA-Z0-9_]*, not starting with __")
         if name in RESERVED:
             raise ValueError(f"label name {name!r} is reserved by babysitter; pick another name")

@@ -2,7 +2,9 @@
 all-reduce every step, so step boundaries align; rank SLOW_RANK is slowed before the all-reduce.
 
 argv: OUT_DIR STEPS SLOW_RANK. Writes OUT_DIR/rank{r}.json with the straggler score from work time
-(what the callbacks measure) and this rank's median step time.
+(what the callbacks measure), where it came from, what the flight recorder reader said, and this
+rank's median step time. The test runs it with the recorder off (TORCH_FR_BUFFER_SIZE=0) and
+``watch()`` after the process group exists: the documented fallback.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ import torch
 import torch.distributed as dist
 
 import babysitter
+from babysitter.training.collectives import CollectiveMonitor
 from babysitter.training.straggler import StragglerMonitor
 
 out_dir, steps, slow_rank = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 tracker = babysitter.watch(run="lockstep", port=-1, hang_timeout=None, flush_interval=0.2)
-monitor = StragglerMonitor(tracker, every=10)
+collectives = CollectiveMonitor(tracker, enabled="off").start()
+monitor = StragglerMonitor(tracker, every=10, collectives=collectives)
 assert monitor.start()
 model = torch.nn.Linear(32, 32)
 for _ in range(steps):
@@ -40,10 +44,21 @@ for _ in range(steps):
             p.grad = None
     tracker.step(tokens=128)
     monitor.after_step()
+recorder = collectives.info()
+info = tracker.info()["flight_recorder"]
 tracker.close()
 median_step = statistics.median(tracker.recent_step_seconds(steps))
 (out_dir / f"rank{rank}.json").write_text(
-    json.dumps({"score": monitor.score, "rounds": monitor.rounds, "median_step": median_step})
+    json.dumps(
+        {
+            "score": monitor.score,
+            "source": monitor.source,
+            "rounds": monitor.rounds,
+            "median_step": median_step,
+            "recorder": recorder,
+            "train_info": info,
+        }
+    )
 )
 dist.barrier()
 dist.destroy_process_group()

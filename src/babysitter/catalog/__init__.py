@@ -1,12 +1,25 @@
 """The one catalog of metrics: exporters, docs, dashboards and alert rules all read it.
 
-Domain modules hold the entries (:mod:`.train`, :mod:`.goodput`, :mod:`.node`, :mod:`.storage`, :mod:`.probe`,
-:mod:`.remediate`, :mod:`.selfmon`); this module joins them and checks that no name is defined twice.
+Domain modules hold the entries (:mod:`.train`, :mod:`.runtime`, :mod:`.integrity`, :mod:`.goodput`,
+:mod:`.node`, :mod:`.fabric`, :mod:`.storage`, :mod:`.probe`, :mod:`.remediate`, :mod:`.selfmon`); this
+module joins them and checks that no name is defined twice.
 """
 
 from __future__ import annotations
 
-from babysitter.catalog import budget, goodput, node, probe, remediate, runtime, selfmon, storage, train
+from babysitter.catalog import (
+    budget,
+    fabric,
+    goodput,
+    integrity,
+    node,
+    probe,
+    remediate,
+    runtime,
+    selfmon,
+    storage,
+    train,
+)
 from babysitter.catalog._spec import Kind, MetricSpec
 
 __all__ = [
@@ -15,7 +28,9 @@ __all__ = [
     "MetricSpec",
     "budget",
     "by_name",
+    "fabric",
     "goodput",
+    "integrity",
     "node",
     "probe",
     "remediate",
@@ -28,8 +43,10 @@ __all__ = [
 ALL: tuple[MetricSpec, ...] = (
     *train.METRICS,
     *runtime.METRICS,
+    *integrity.METRICS,
     *goodput.METRICS,
     *node.METRICS,
+    *fabric.METRICS,
     *storage.METRICS,
     *probe.METRICS,
     *remediate.METRICS,

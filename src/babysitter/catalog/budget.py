@@ -25,6 +25,21 @@ class SeriesBudget:
     gpu: int = 35
     #: A host's own series: the node agent's health, storage probe and checkpoint sentinel.
     host: int = 30
+    #: Every training process of one host together, as its node agent re-serves them: a hard bound
+    #: the agent enforces per scrape, shared fairly between the host's users (docs/security.md).
+    trainers: int = 2048
+    #: One InfiniBand/RoCE port with the default counters (catalog/fabric.py): state, physical state,
+    #: rate, info, 8 error counters, transmit wait, 5 driver counters, bytes and packets each way, and its
+    #: netdev's carrier changes. ``--fabric-all-counters`` adds about 40 more.
+    fabric_port: int = 24
+    #: One watched PCIe device (a GPU or a NIC function): width and speed now and at most, AER by
+    #: severity, info.
+    pcie_device: int = 8
+    #: The nearest-NIC info of one GPU (one series per equally near port, at most 4).
+    gpu_nic: int = 4
+    #: The host's hardware: EDAC per memory controller, CPU thermal per package, the kernel-log patterns,
+    #: and the sysfs collectors' own success and duration.
+    host_hardware: int = 60
 
 
 BUDGET = SeriesBudget()
@@ -42,18 +57,42 @@ class Measured:
     rank0: int
     gpu: int
     host: int
+    fabric_port: int = 0
+    pcie_device: int = 0
+    gpu_nic: int = 0
+    host_hardware: int = 0
     rank_before: int = 66
     rank0_before: int = 83
     gpu_before: int = 34
     host_before: int = 36
 
 
-MEASURED = Measured(rank=17, rank0=44, gpu=30, host=27)
+MEASURED = Measured(
+    rank=19, rank0=46, gpu=30, host=30, fabric_port=23, pcie_device=8, gpu_nic=1, host_hardware=25
+)
 
 
-def per_node(gpus: int = 8, ranks: int = 8, budget: SeriesBudget = BUDGET) -> int:
-    """Series one node agent target may serve: the host, its GPUs, and its ranks (one of them rank 0)."""
-    if gpus < 0 or ranks < 0:
-        raise ValueError("gpus and ranks must not be negative")
+def per_node(
+    gpus: int = 8,
+    ranks: int = 8,
+    budget: SeriesBudget = BUDGET,
+    *,
+    ports: int = 8,
+    pcie_devices: int | None = None,
+) -> int:
+    """Series one node agent target may serve: the host, its GPUs, its ranks (one of them rank 0), and
+    its fabric: ``ports`` InfiniBand/RoCE ports and ``pcie_devices`` watched PCIe devices (by default
+    every GPU and one NIC function per port)."""
+    devices = gpus + ports if pcie_devices is None else pcie_devices
+    if min(gpus, ranks, ports, devices) < 0:
+        raise ValueError("gpus, ranks, ports and pcie_devices must not be negative")
     rank0 = budget.rank0 if ranks else 0
-    return budget.host + gpus * budget.gpu + max(ranks - 1, 0) * budget.rank + rank0
+    fabric = ports * budget.fabric_port + devices * budget.pcie_device + gpus * budget.gpu_nic
+    return (
+        budget.host
+        + gpus * budget.gpu
+        + max(ranks - 1, 0) * budget.rank
+        + rank0
+        + fabric
+        + budget.host_hardware
+    )

@@ -40,6 +40,7 @@ __all__ = [
     "TRAINER_SCRAPE_DURATION",
     "TRAINER_SCRAPE_ERRORS",
     "TRAINER_SCRAPE_SUCCESS",
+    "TRAINER_SERIES_DROPPED",
     "XID_SOURCE_UP",
 ]
 
@@ -182,6 +183,17 @@ TRAINER_REGISTRATIONS_DROPPED = MetricSpec(
     "Trainer registrations the agent stopped serving because their process exited.",
     source="node",
 )
+TRAINER_SERIES_DROPPED = MetricSpec(
+    "babysitter_trainer_series_dropped_total",
+    "counter",
+    "",
+    "Series a trainer endpoint served that the agent did not pass on, summed over scrapes, by the uid "
+    "that registered it and reason: budget (over its user's fair share of the host-wide trainer budget, "
+    "in series or bytes; whole families are dropped) or reserved (a name only the agent, Prometheus or "
+    "another exporter may serve). See docs/security.md.",
+    labels=("owner_uid", "reason"),
+    source="node",
+)
 
 COLLECTOR_SUCCESS = MetricSpec(
     "babysitter_collector_success",
@@ -242,4 +254,5 @@ METRICS: tuple[MetricSpec, ...] = (
     TRAINER_SCRAPE_ERRORS,
     TRAINER_REGISTRATIONS_DROPPED,
     TRAINER_REGISTRATIONS_SKIPPED,
+    TRAINER_SERIES_DROPPED,
 )

@@ -11,10 +11,15 @@ from __future__ import annotations
 from babysitter.catalog._spec import MetricSpec
 
 __all__ = [
+    "CHECKPOINT_CORRUPT",
+    "CHECKPOINT_CORRUPT_STEP",
     "CHECKPOINT_LEDGER_UP",
     "CHECKPOINT_MISSING",
     "CHECKPOINT_MISSING_STEP",
     "CHECKPOINT_NEWEST_VERIFIED_AGE",
+    "CHECKPOINT_VERIFY_BUDGET",
+    "CHECKPOINT_VERIFY_READ",
+    "CORRUPT_REASONS",
     "METRICS",
     "PROBE_ERROR_REASONS",
     "STORAGE_FREE",
@@ -116,8 +121,54 @@ CHECKPOINT_NEWEST_VERIFIED_AGE = MetricSpec(
     "checkpoint_newest_verified_age_seconds",
     "gauge",
     "seconds",
-    "Seconds since the newest checkpoint of a run that exists with its recorded size was completed.",
+    "Seconds since the newest checkpoint of a run that verifies was completed: it exists with its "
+    "recorded size and, where the tracker writes manifests, matches its manifest (no digest mismatch "
+    "found so far).",
     labels=("run",),
+    source="node",
+)
+#: Values of ``checkpoint_corrupt_newest_step{reason}`` (babysitter.checkpoints.verify.REASONS).
+CORRUPT_REASONS = (
+    "no_manifest",
+    "manifest_invalid",
+    "missing_file",
+    "size",
+    "structure",
+    "digest",
+    "incomplete",
+)
+CHECKPOINT_CORRUPT = MetricSpec(
+    "checkpoint_corrupt",
+    "gauge",
+    "",
+    "How many of the run's checked checkpoints fail verification against their manifest (a file "
+    "truncated, changed or gone, a digest mismatch, no manifest after the save, a save that never "
+    "ended); 0 when all verify.",
+    labels=("run",),
+    source="node",
+)
+CHECKPOINT_CORRUPT_STEP = MetricSpec(
+    "checkpoint_corrupt_newest_step",
+    "gauge",
+    "",
+    "Step of the newest of the run's checkpoints that fails verification, with the first bad file "
+    "(relative to the checkpoint) and why (absent when none fails).",
+    labels=("run", "file", "reason"),
+    source="node",
+)
+CHECKPOINT_VERIFY_READ = MetricSpec(
+    "checkpoint_verify_read_bytes_total",
+    "counter",
+    "bytes",
+    "Bytes the checkpoint sentinel read back to verify digests (its I/O on the checkpoint storage).",
+    source="node",
+)
+CHECKPOINT_VERIFY_BUDGET = MetricSpec(
+    "checkpoint_verify_budget_bytes",
+    "gauge",
+    "bytes",
+    "Bytes the checkpoint sentinel may read per pass to verify digests (--checkpoint-verify-bytes; "
+    "0: sizes and structure only).",
     source="node",
 )
 CHECKPOINT_LEDGER_UP = MetricSpec(
@@ -142,4 +193,8 @@ METRICS: tuple[MetricSpec, ...] = (
     CHECKPOINT_MISSING_STEP,
     CHECKPOINT_NEWEST_VERIFIED_AGE,
     CHECKPOINT_LEDGER_UP,
+    CHECKPOINT_CORRUPT,
+    CHECKPOINT_CORRUPT_STEP,
+    CHECKPOINT_VERIFY_READ,
+    CHECKPOINT_VERIFY_BUDGET,
 )

@@ -197,8 +197,9 @@ INFO = MetricSpec(
     "info",
     "",
     "Static facts about this training process: versions, device, dtype used for the peak, world size, "
-    "tensor/pipeline/context/expert/data parallel degrees, and the UUID and PCI address of its GPU "
-    "(empty on CPU or when NVML does not answer).",
+    "tensor/pipeline/context/expert/data parallel degrees, the UUID and PCI address of its GPU "
+    "(empty on CPU or when NVML does not answer), and whether torch's flight recorder is read "
+    "(flight_recorder: on, off, unavailable; empty without torch.distributed).",
     labels=(
         "version",
         "python",
@@ -209,6 +210,7 @@ INFO = MetricSpec(
         "flops_source",
         *PARALLEL_LABELS,
         *GPU_INFO_LABELS,
+        "flight_recorder",
     ),
 )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 from collections.abc import Sequence
 
@@ -19,6 +20,7 @@ __all__ = ["main"]
 _COMMANDS = (
     "demo",
     "report",
+    "checkpoint",
     "top",
     "node_agent",
     "remediate",
@@ -48,7 +50,26 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    for command in sub.choices.values():
+        _plain_help(command)
+    for choice in sub._choices_actions:
+        choice.help = _plain(choice.help)
     return parser
+
+
+def _plain(text: str | None) -> str | None:
+    """Help text without the RST markup of the docstrings it is cut from (````x````, :mod:`x`)."""
+    if text is None:
+        return None
+    text = re.sub(r":[a-z]+:`~?([^`]*)`", r"\1", text)
+    return re.sub(r"``([^`]*)``", r"\1", text)
+
+
+def _plain_help(parser: argparse.ArgumentParser) -> None:
+    parser.description = _plain(parser.description)
+    parser.epilog = _plain(parser.epilog)
+    for action in parser._actions:
+        action.help = _plain(action.help)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,10 @@ def run(args: argparse.Namespace) -> int:
         except RoutingError as exc:
             sys.stderr.write(f"babysitter demo: --alertmanager-config: {exc}\n")
             return 2
-    console = Console() if sys.stdout.isatty() else Console(width=140)
+    # Piped (a CI log), lines are 140 columns unless $COLUMNS says otherwise; on a terminal, its width.
+    columns = os.environ.get("COLUMNS", "")
+    width = int(columns) if columns.isdigit() and int(columns) >= 40 else 140
+    console = Console() if sys.stdout.isatty() else Console(width=width)
     options = DemoOptions(
         scenario=scenario,
         workdir=args.workdir,

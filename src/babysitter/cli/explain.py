@@ -10,12 +10,13 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from babysitter import jsonout
 
 __all__ = ["register", "run"]
 
@@ -80,8 +81,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--rate-window",
-        default="5m",
-        help="rate window the recording rules were generated with (default 5m, the default config's)",
+        default=None,
+        help="rate window the recording rules were generated with (default: read from the rules the "
+        "Prometheus has loaded)",
     )
     p.add_argument(
         "--cluster-label",
@@ -89,6 +91,12 @@ def register(subparsers: Any) -> None:
         help="the label that tells clusters apart, as the rules were generated (default cluster)",
     )
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per query (default 30)")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds for all its queries together (default: twice --timeout)",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the answer as JSON ('-': stdout only)")
     p.set_defaults(func=run)
 
@@ -96,16 +104,31 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """0 with an answer (causes or nothing found), 1 when there are no series of the run, 2 for errors."""
     from babysitter.explain import explain
+    from babysitter.explain.rules import detect_rules
     from babysitter.generate.config import GenerateConfig
-    from babysitter.prom import PromClient, PromError
+    from babysitter.prom import Deadline, PromClient, PromError
 
     window = args.since if args.since is not None else args.window
     end = args.at if args.at is not None else time.time()
     try:
-        cfg = GenerateConfig(cluster_label=args.cluster_label, rate_window=args.rate_window)
-        client = PromClient(args.prometheus, timeout=args.timeout)
+        deadline = Deadline(args.deadline if args.deadline is not None else 2 * args.timeout)
+        client = PromClient(args.prometheus, timeout=args.timeout, deadline=deadline)
+        if args.rate_window is not None:
+            cfg = GenerateConfig(cluster_label=args.cluster_label, rate_window=args.rate_window)
+            how = f"rate window {args.rate_window}, as given"
+        else:
+            GenerateConfig(cluster_label=args.cluster_label)  # a bad label fails before any query
+            loaded = detect_rules(client, end, cluster_label=args.cluster_label)
+            cfg, how = loaded.cfg, loaded.how
         answer = explain(
-            client, args.run, end=end, window=window, baseline=args.baseline, cluster=args.cluster, cfg=cfg
+            client,
+            args.run,
+            end=end,
+            window=window,
+            baseline=args.baseline,
+            cluster=args.cluster,
+            cfg=cfg,
+            rules=how,
         )
     except ValueError as exc:
         sys.stderr.write(f"babysitter explain: {exc}\n")
@@ -119,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             "in the window or its baseline\n"
         )
         return 1
-    text = json.dumps(answer.to_dict(), indent=2, sort_keys=True)
+    text = jsonout.dumps(answer.to_dict(), indent=2, sort_keys=True)
     if args.json == "-":
         sys.stdout.write(text + "\n")
         return 0

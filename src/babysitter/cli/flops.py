@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from babysitter import jsonout
 from babysitter.views.flops import render_text
 
 __all__ = ["register", "run"]
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"babysitter flops: {exc}\n")
         return 1
     if args.json:
-        sys.stdout.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        sys.stdout.write(jsonout.dumps(report, indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(render_text(report) + "\n")
     return 0

@@ -4,7 +4,12 @@ Examples::
 
     babysitter remediate --policy /etc/babysitter/remediate.yaml --check
     babysitter remediate --policy remediate.yaml --listen-address 127.0.0.1:9097 --token-file token
-    babysitter remediate --policy remediate.yaml --dry-run      # plan and audit, change nothing
+    babysitter remediate --policy remediate.yaml --dry-run --token-file token  # plan and audit only
+
+It serves only with authentication: the bearer token Alertmanager sends (``--token-file``, the file its
+``http_config.authorization.credentials_file`` names) or client certificates (``--tls-client-ca``).
+``--insecure-no-auth`` serves without, on a loopback address only: anyone on the host can then make it
+act.
 """
 
 from __future__ import annotations
@@ -50,6 +55,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--tls-client-ca", help="CA file: clients must present a certificate it signed (mTLS)"
     )
+    parser.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve without a token or client certificates (loopback only: anyone on the host can act)",
+    )
     parser.set_defaults(func=_main)
 
 
@@ -76,6 +86,26 @@ def _token(path: Path) -> str:
     return text
 
 
+def _check_auth(host: str, *, token: bool, mtls: bool, args: argparse.Namespace) -> None:
+    """ValueError unless requests are authenticated, or ``--insecure-no-auth`` is given on loopback."""
+    from babysitter.remediate.server import is_loopback
+
+    if args.insecure_no_auth:
+        if token or mtls:
+            raise ValueError("--insecure-no-auth with --token-file or --tls-client-ca: choose one")
+        if not is_loopback(host):
+            raise ValueError(
+                f"--insecure-no-auth serves only on a loopback address (127.0.0.1, ::1), not {host}"
+            )
+    elif not (token or mtls):
+        raise ValueError(
+            "refusing to serve without authentication: anyone who reaches the receiver could drain "
+            "nodes and requeue jobs. Give --token-file (a 0600 file holding the token Alertmanager sends "
+            "with http_config.authorization.credentials_file, see exporters/alertmanager.yml) or "
+            "--tls-client-ca (mTLS), or --insecure-no-auth on a loopback address for a test"
+        )
+
+
 def _describe(policy: Any) -> str:
     lines = [f"backend {policy.backend}; audit log {policy.audit_log}; dry run {policy.dry_run}"]
     lines.append(
@@ -88,6 +118,8 @@ def _describe(policy: Any) -> str:
         extra = f", after {rule.firing_for:g} s firing" if rule.firing_for else ""
         extra += ", undrain on resolve" if rule.undrain_on_resolve else ""
         extra += ", dry run" if policy.is_dry_run(rule) else ""
+        if rule.hosts_from == "culprit":
+            extra += f", on the culprit's host (at most {rule.max_culprit_hosts}; never a waiting rank's)"
         lines.append(f"rule {rule.name}: {match} -> {' + '.join(rule.actions)}{extra}")
     return "\n".join(lines)
 
@@ -114,15 +146,20 @@ def _main(args: argparse.Namespace) -> int:
             context = tls_context(args.tls_cert, args.tls_key, args.tls_client_ca)
         elif args.tls_client_ca:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        if not args.check:
+            _check_auth(host, token=token is not None, mtls=args.tls_client_ca is not None, args=args)
     except (PolicyError, ValueError, OSError) as exc:
         log.error("babysitter remediate: %s", exc)
         return 2
     if args.check:
         print(_describe(policy))  # noqa: T201 - the check's output
         return 0
-    if token is None and host not in ("127.0.0.1", "::1", "localhost"):
+    if args.insecure_no_auth:
         log.warning(
-            "babysitter remediate: serving on %s without --token-file: anyone who reaches it can drain", host
+            "babysitter remediate: SERVING WITHOUT AUTHENTICATION on %s (--insecure-no-auth): any local "
+            "user or process can make it drain, requeue and undrain; give Alertmanager a token instead "
+            "(--token-file, docs/remediate.md)",
+            host,
         )
     try:
         backend = make_backend(policy)
@@ -145,7 +182,15 @@ def _main(args: argparse.Namespace) -> int:
         force_dry_run=args.dry_run,
     )
     try:
-        server = WebhookServer(remediator, host, port, token=token, ssl_context=context, path=args.path)
+        server = WebhookServer(
+            remediator,
+            host,
+            port,
+            token=token,
+            ssl_context=context,
+            path=args.path,
+            insecure_no_auth=args.insecure_no_auth,
+        )
     except OSError as exc:
         log.error("babysitter remediate: cannot listen on %s: %s", args.listen_address, exc)
         return 2

@@ -2,21 +2,25 @@
 restart happened (with the notes ``babysitter remediate`` leaves next to the ledger).
 
 Prints a table (rich), writes a PNG timeline (matplotlib) with ``--png``, or a JSON summary with
-``--json``. rich and matplotlib are the ``report`` extra; they are imported only when needed.
+``--json``; either way it names the newest checkpoint that verifies, the one to resume from
+(:mod:`babysitter.checkpoints.resume`; ``--verify`` reads every digest back first). rich and
+matplotlib are the ``report`` extra; they are imported only when needed.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from babysitter import jsonout
+from babysitter.checkpoints import checkpoint_statuses, resume_point
 from babysitter.ledger.advisor import ClusterRate, parse_cluster_rate
 from babysitter.ledger.reader import DEFAULT_FILE_NAME
 from babysitter.ledger.summary import summarize
-from babysitter.views.report import render_png, render_table
+from babysitter.views.report import render_checkpoints, render_png, render_table
 
 __all__ = ["register", "run"]
 
@@ -38,7 +42,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--now",
-        type=float,
+        type=_unix_time,
         default=None,
         help="Unix time to account up to for a running or down run (default: now)",
     )
@@ -57,6 +61,12 @@ def register(subparsers: Any) -> None:
         "advice's rate while the run has seen fewer than 5 interruptions",
     )
     p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also read back every digest of the run's checkpoints against their manifests (slow: reads "
+        "every byte); without it sizes, headers and the node agent's verdicts decide which verifies",
+    )
+    p.add_argument(
         "--gpus",
         type=_positive_int,
         default=None,
@@ -70,6 +80,17 @@ def _cluster_rate(text: str) -> ClusterRate:
         return parse_cluster_rate(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _unix_time(text: str) -> float:
+    """A Unix time a clock can show (finite, after 1970, before 2242), else an argument error."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 2.0**33:
+        raise argparse.ArgumentTypeError(f"must be a Unix time in seconds, got {text!r}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -87,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     if "/" in args.ledger or args.ledger in ("", ".", ".."):
         _err(f"babysitter report: --ledger must be a file name, got {args.ledger!r}")
         return 2
+    if not args.run_dir.is_dir():
+        what = "not a directory" if args.run_dir.exists() else "no such directory"
+        _err(f"babysitter report: {what}: {args.run_dir} (give the run directory, where the ledger is)")
+        return 1
     try:
         summary = summarize(
             args.run_dir,
@@ -101,13 +126,27 @@ def run(args: argparse.Namespace) -> int:
         _err(f"babysitter report: cannot read the ledger in {args.run_dir}: {exc}")
         return 2
     if summary.state == "empty":
-        _err(f"babysitter report: no ledger records in {summary.ledger}")
+        _err(
+            f"babysitter report: no ledger records in {summary.ledger}{_elsewhere(args.run_dir, args.ledger)}"
+        )
         return 1
+    try:
+        statuses = checkpoint_statuses(args.run_dir, file_name=args.ledger, now=args.now, deep=args.verify)
+    except OSError as exc:
+        _err(f"babysitter report: cannot check the checkpoints of {args.run_dir}: {exc}")
+        statuses = []
+    resume = resume_point(statuses)
     if args.json:
-        sys.stdout.write(json.dumps(summary.to_json(), indent=2) + "\n")
+        out = summary.to_json()
+        checkpoints = out.setdefault("checkpoints", {})
+        assert isinstance(checkpoints, dict)
+        checkpoints["resume"] = None if resume is None else resume.to_json()
+        checkpoints["statuses"] = [s.to_json() for s in statuses]
+        sys.stdout.write(jsonout.dumps(out, indent=2) + "\n")
     else:
         try:
             render_table(summary)
+            render_checkpoints(statuses, resume)
         except ImportError as exc:
             _err(_MISSING.format(what="the table", err=exc))
             return 2
@@ -120,7 +159,21 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             _err(f"babysitter report: cannot write {args.png}: {exc}")
             return 2
+        said = f"wrote {args.png} (timeline: incarnations, badput by cause, step time, MFU)\n"
+        (sys.stderr if args.json else sys.stdout).write(said)  # --json keeps stdout JSON
     return 0
+
+
+def _elsewhere(run_dir: Path, file_name: str) -> str:
+    """Where a ledger is, when ``run_dir`` holds none but a directory under it does (the demo's work
+    directory keeps its run in run/)."""
+    try:
+        found = sorted(p.parent for p in run_dir.glob(f"*/{file_name}") if p.is_file())
+    except OSError:
+        return ""
+    if not found:
+        return ""
+    return "; the ledger is in " + ", ".join(str(p) for p in found[:3]) + f": babysitter report {found[0]}"
 
 
 def _err(message: str) -> None:

@@ -10,10 +10,11 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from babysitter import jsonout
 
 __all__ = ["register", "run"]
 
@@ -57,6 +58,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--step", default="5m", help="resolution of time-integrated queries (default 5m)")
     p.add_argument("--at", type=float, default=None, help="Unix time the window ends at (default now)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per query (default 60)")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds for all its queries together (default: twice --timeout)",
+    )
     p.add_argument("--json", metavar="PATH", help="write the scorecard as JSON ('-': stdout, no table)")
     p.add_argument("--png", type=Path, metavar="PATH", help="also write a PNG chart")
     p.set_defaults(func=run)
@@ -64,12 +71,13 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """0 with a scorecard, 1 when Prometheus has no data for any cluster, 2 for errors."""
-    from babysitter.prom import PromClient, PromError
+    from babysitter.prom import Deadline, PromClient, PromError
     from babysitter.scorecard import QuerySet, build_scorecard
     from babysitter.views.scorecard import render_png, render_table
 
     try:
-        client = PromClient(args.prometheus, timeout=args.timeout)
+        deadline = Deadline(args.deadline if args.deadline is not None else 2 * args.timeout)
+        client = PromClient(args.prometheus, timeout=args.timeout, deadline=deadline)
         queries = QuerySet(
             window=args.window,
             by=args.by,
@@ -93,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             f"at {args.prometheus}\n"
         )
         return 1
-    text = json.dumps(card.to_dict(), indent=2, sort_keys=True)
+    text = jsonout.dumps(card.to_dict(), indent=2, sort_keys=True)
     if args.json == "-":
         sys.stdout.write(text + "\n")
     else:

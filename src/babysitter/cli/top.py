@@ -40,6 +40,12 @@ def register(subparsers: Any) -> None:
         help="with --prometheus, keep listing runs that stopped reporting this long ago (default 15m)",
     )
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each request (default 5)")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds for all the requests of one frame together (default: twice --timeout)",
+    )
     p.add_argument("--once", action="store_true", help="print one frame and exit (scripts, tests)")
     p.add_argument(
         "--no-hints",
@@ -56,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from babysitter.views.top import MetricsSource, PrometheusSource, Source, run_top
 
-    if not args.interval > 0 or not args.timeout > 0:
-        sys.stderr.write("babysitter top: --interval and --timeout must be positive\n")
+    if not args.interval > 0 or not args.timeout > 0 or not (args.deadline is None or args.deadline > 0):
+        sys.stderr.write("babysitter top: --interval, --timeout and --deadline must be positive\n")
         return 2
     try:
         source: Source = (
@@ -67,9 +73,10 @@ def run(args: argparse.Namespace) -> int:
                 lookback=args.lookback,
                 timeout=args.timeout,
                 hints=not args.no_hints and not args.once,
+                frame_deadline=args.deadline,
             )
             if args.prometheus
-            else MetricsSource(args.metrics, timeout=args.timeout)
+            else MetricsSource(args.metrics, timeout=args.timeout, frame_deadline=args.deadline)
         )
     except ValueError as exc:
         sys.stderr.write(f"babysitter top: {exc}\n")

@@ -22,12 +22,23 @@ from babysitter.explain import Explanation, explain
 from babysitter.generate.config import GenerateConfig
 from babysitter.prom import PromClient
 
-__all__ = ["EXPLAINED_EVENTS", "ExplainedFault", "FaultExplainer", "explained_line"]
+__all__ = [
+    "EXPLAINED_EVENTS",
+    "EXPLAIN_WINDOW",
+    "ExplainedFault",
+    "FaultExplainer",
+    "explain_command",
+    "explained_line",
+]
 
 log = logging.getLogger(__name__)
 
 #: The scripted faults the demo explains on screen.
 EXPLAINED_EVENTS = frozenset({"throttle"})
+
+#: Seconds after a fault the demo explains: the fast rules' 20 s rate window, so that the step time at
+#: the window's end is the throttled one (a 14 s window read a third of the slowdown, half ramped).
+EXPLAIN_WINDOW = 20.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,8 @@ class ExplainedFault:
     event: DemoEvent
     answer: Explanation | None
     error: str = ""
+    #: Unix time the explained window ends.
+    end: float = 0.0
 
     @property
     def top_key(self) -> str | None:
@@ -49,6 +62,17 @@ class ExplainedFault:
         return explained_line(self.event, self.answer, self.error)
 
 
+def explain_command(prometheus_url: str, run: str, end: float, window: float, baseline: float) -> str:
+    """The ``babysitter explain`` command that asks the same question from a shell (issue 22: the
+    demo printed an answer but not how to get it again, nor which rate window its rules use: the
+    command reads that from the rules the Prometheus has loaded)."""
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(round(end)))
+    return (
+        f"babysitter explain --prometheus {prometheus_url} --run {run} --at {at} "
+        f"--window {window:g}s --baseline {baseline:g}s"
+    )
+
+
 def explained_line(event: DemoEvent, answer: Explanation | None, error: str = "") -> str:
     """The one line the demo prints for a fault explain looked at."""
     head = f"explained {event.describe()}:"
@@ -58,7 +82,8 @@ def explained_line(event: DemoEvent, answer: Explanation | None, error: str = ""
     if top is None:
         return f"{head} nothing found over the {answer.window_seconds:.0f} s after it"
     timed = top.share is not None and top.seconds > 0
-    cost = f"{top.share:.0%} of the lost time" if timed else "no time measured"
+    of = "the lost time" if answer.lost_seconds >= answer.accounted_seconds else "what the causes cost"
+    cost = f"{top.share:.0%} of {of}" if timed else "no time measured"
     return f"{head} {top.key.replace('_', ' ')} ({top.team}, {cost}): {top.text}"
 
 
@@ -73,10 +98,11 @@ class FaultExplainer:
         cluster: str,
         cfg: GenerateConfig,
         on_line: Callable[[str], None],
-        delay: float = 14.0,
+        delay: float = EXPLAIN_WINDOW,
         baseline: float = 30.0,
         timeout: float = 3.0,
     ) -> None:
+        self.url = prometheus_url
         self.client = PromClient(prometheus_url, timeout=timeout)
         self.run, self.cluster, self.cfg = run, cluster, cfg
         self.on_line = on_line
@@ -94,6 +120,10 @@ class FaultExplainer:
         with self._lock:
             self._pending += 1
         self._todo.put((event, at))
+
+    def command(self, result: ExplainedFault) -> str:
+        """The shell command that asks what ``result`` answered."""
+        return explain_command(self.url, self.run, result.end, self.delay, self.baseline)
 
     @property
     def pending(self) -> int:
@@ -137,5 +167,5 @@ class FaultExplainer:
                 cfg=self.cfg,
             )
         except Exception as exc:  # a Prometheus that fails or times out: a line, never a crash
-            return ExplainedFault(event, None, f"{type(exc).__name__}: {exc}")
-        return ExplainedFault(event, answer)
+            return ExplainedFault(event, None, f"{type(exc).__name__}: {exc}", end=end)
+        return ExplainedFault(event, answer, end=end)

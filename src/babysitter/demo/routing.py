@@ -75,21 +75,34 @@ def _shorten(route: dict[str, Any], *, root: bool) -> None:
             _shorten(child, root=False)
 
 
+def _receivers(route: Mapping[str, Any]) -> set[str]:
+    """The receivers a routing tree names."""
+    found = {route["receiver"]} if "receiver" in route else set()
+    for child in route.get("routes") or ():
+        found |= _receivers(child)
+    return found
+
+
 def demo_alertmanager_config(
     routing: Mapping[str, Any],
     webhook_url: Callable[[str], str],
     remediate_url: str | None = None,
+    *,
+    remediate_token: Path | None = None,
 ) -> dict[str, Any]:
     """``routing`` with every receiver a webhook to ``webhook_url(name)`` (resolutions too), the
-    grouping waits of the demo, and, with ``remediate_url``, GPU alerts to the remediator first."""
+    grouping waits of the demo, and, with ``remediate_url``, GPU alerts to the remediator first,
+    sending the token in ``remediate_token`` (a file: Alertmanager's ``credentials_file``)."""
     config: dict[str, Any] = {
         key: copy.deepcopy(value) for key, value in routing.items() if key in ("global", "route")
     }
     if "inhibit_rules" in routing:
         config["inhibit_rules"] = copy.deepcopy(routing["inhibit_rules"])
+    used = _receivers(routing.get("route") or {})  # a receiver no route reaches (remediate's) stays out
     config["receivers"] = [
         {"name": r["name"], "webhook_configs": [{"url": webhook_url(r["name"]), "send_resolved": True}]}
         for r in routing["receivers"]
+        if r["name"] in used
     ]
     route = config["route"]
     _shorten(route, root=True)
@@ -103,10 +116,9 @@ def demo_alertmanager_config(
             },
             *(route.get("routes") or ()),
         ]
-        config["receivers"].append(
-            {
-                "name": REMEDIATE_RECEIVER,
-                "webhook_configs": [{"url": remediate_url, "send_resolved": True}],
-            }
-        )
+        hook: dict[str, Any] = {"url": remediate_url, "send_resolved": True}
+        if remediate_token is not None:
+            auth = {"type": "Bearer", "credentials_file": str(remediate_token)}
+            hook["http_config"] = {"authorization": auth}
+        config["receivers"].append({"name": REMEDIATE_RECEIVER, "webhook_configs": [hook]})
     return config

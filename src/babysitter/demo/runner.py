@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -182,13 +183,15 @@ def node_agent_argv(
 
 @contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP stop the demo like Ctrl-C does (main thread only)."""
+    """SIGINT, SIGTERM and SIGHUP stop the demo (main thread only). SIGINT too: a shell starts a
+    background job with SIGINT ignored, and Python then installs no Ctrl-C handler of its own, so the
+    demo (or a test that starts it from such a job, as CI does) would never stop on Ctrl-C."""
 
     def _raise(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     old = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         with suppress(ValueError, OSError):
             old[sig] = signal.signal(sig, _raise)
     try:
@@ -238,6 +241,7 @@ class _Demo:
         self._prom_config: tuple[Path, list[Path], str | None] | None = None
         self.audit: AuditTail | None = None
         self.remediate_url: str | None = None
+        self.remediate_token: Path | None = None
         self.routing_path: Path | None = None
         #: Dashboards generated for the profile the demo's rules use (None: no Prometheus).
         self.dashboards: Path | None = None
@@ -255,7 +259,7 @@ class _Demo:
         if self.view is not None:
             self.view.say(text, style)
         else:
-            self.console.print(text, style=style, soft_wrap=True, highlight=False)
+            self.console.print(text, style=style, highlight=False, markup=False)
 
     def _on_page(self, page: Page) -> None:
         if self.view is not None:
@@ -316,7 +320,9 @@ class _Demo:
             am_dir.mkdir(exist_ok=True)
             config = write_json(
                 am_dir / "alertmanager.yml",
-                demo_alertmanager_config(routing, self.pager.url_for, remediate_url),
+                demo_alertmanager_config(
+                    routing, self.pager.url_for, remediate_url, remediate_token=self.remediate_token
+                ),
             )
             am_bin = self.binaries.alertmanager
             am_port = self.stack.start_server(
@@ -362,11 +368,18 @@ class _Demo:
         return routing
 
     def start_remediator(self) -> str:
-        """``babysitter remediate --dry-run`` on an ephemeral port; its webhook URL."""
+        """``babysitter remediate --dry-run`` on an ephemeral port; its webhook URL. Alertmanager
+        authenticates with a fresh token (a 0600 file), as in production: the receiver takes no
+        unauthenticated request."""
         assert self.prometheus_url is not None
         rem_dir = self.workdir / "remediate"
         no_scheduler = rem_dir / "no-scheduler-bin"  # its PATH: no Slurm command, on any machine
         no_scheduler.mkdir(parents=True, exist_ok=True)
+        token = rem_dir / "token"
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(32) + "\n")
+        self.remediate_token = token
         audit = rem_dir / "audit.jsonl"
         policy = write_json(
             rem_dir / "policy.json",
@@ -380,6 +393,7 @@ class _Demo:
                 "--policy", str(policy),
                 "--listen-address", "127.0.0.1:0",
                 "--port-file", str(port_file),
+                "--token-file", str(token),
             ],
             env={**os.environ, "PATH": str(no_scheduler)},
         )  # fmt: skip
@@ -418,6 +432,10 @@ class _Demo:
                 raise StackError(f"prometheus reload answered {response.status}")
 
     def start_agent(self) -> None:
+        # The storage probe watches the run directory from its first round: it exists before the
+        # training (whose torch import takes seconds) creates it, or a loaded machine pages
+        # StorageProbeFailing at start.
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         scenario_path = write_json(
             self.workdir / "node-scenario.json", {"events": self.scenario.node_events()}
         )
@@ -464,6 +482,12 @@ class _Demo:
                 "--simulated-gpu", str(self.claimed_gpu),
             ],
         )  # fmt: skip
+
+    def restart_trainer(self) -> None:
+        """Start the training again, and say so in stack.json: scripts read the live pid there (it
+        listed the killed process's before issue 22)."""
+        self.start_trainer()
+        self.write_stack_file()
 
     def write_stack_file(self) -> None:
         write_json(
@@ -512,7 +536,7 @@ class _Demo:
                 _, action, name = item
                 if action == "restart":
                     self.say("training restarts (resumes from its last checkpoint)", style="cyan")
-                    self.start_trainer()
+                    self.restart_trainer()
                 elif action == "cont":
                     self.stack.signal(name, signal.SIGCONT)
                     self.say("training process continues (SIGCONT)", style="cyan")
@@ -534,7 +558,7 @@ class _Demo:
                     )
                 elif now - trainer_down_since > 5:
                     trainer_down_since = None
-                    self.start_trainer()
+                    self.restart_trainer()
             if not self.stack.alive("node-agent"):
                 raise StackError(f"node agent died: {self.stack.log_path('node-agent').read_text()[-1500:]}")
             self.show_remediations()
@@ -588,9 +612,7 @@ class _Demo:
         )
 
     def _explained(self, line: str) -> None:
-        from rich.markup import escape
-
-        self.say(escape(line), style="bold cyan")
+        self.say(line, style="bold cyan")
 
     def explained_summary(self) -> None:
         """The explanations, again, after the fault table; faults explained too late are said so."""
@@ -599,13 +621,17 @@ class _Demo:
         self.explainer.close(wait=EXPLAIN_GRACE)
         shown = {id(r.event) for r in self.explainer.results}
         for result in self.explainer.results:
-            self.console.print(result.line(), soft_wrap=True, highlight=False, markup=False)
+            self.console.print(result.line(), highlight=False, markup=False)
+            self.console.print(
+                f"  asked from a shell (while the stack runs: --keep): {self.explainer.command(result)}",
+                highlight=False,
+                markup=False,
+            )
         for event in self.scenario.events:
             if event.event in EXPLAINED_EVENTS and id(event) not in shown:
                 self.console.print(
                     f"not explained {event.describe()}: no answer before the end (explain looks at "
                     f"the {self.explainer.delay:g} s after the fault)",
-                    soft_wrap=True,
                     highlight=False,
                     markup=False,
                 )
@@ -618,7 +644,6 @@ class _Demo:
         self.console.print(
             f"babysitter remediate --dry-run planned {len(planned)} action(s), ran none; "
             f"audit log: {self.audit.path}",
-            soft_wrap=True,
             highlight=False,
             markup=False,
         )
@@ -630,7 +655,8 @@ class _Demo:
         results = match_pages(self.scenario.events, pages, self.t0)
         table = Table(title="Scripted faults: the alerts they must cause, and where each went")
         for col in ("at", "fault", "alert", "went to", "after"):
-            table.add_column(col, justify="right" if col in ("at", "after") else "left")
+            # Folded, never cut: at 80 columns an alert name wraps rather than losing its end.
+            table.add_column(col, justify="right" if col in ("at", "after") else "left", overflow="fold")
         for r in results:
             if not r.pages:
                 table.add_row(f"{r.event.at:g}s", r.event.describe(), "-", "-", "-")
@@ -647,7 +673,7 @@ class _Demo:
             if others:
                 extra = Table(title="Alerts no scripted fault caused")
                 for col in ("alert", "severity", "went to"):
-                    extra.add_column(col)
+                    extra.add_column(col, overflow="fold")
                 for name, (severity, receivers) in others.items():
                     extra.add_row(name, severity, ", ".join(receivers))
                 self.console.print(extra)
@@ -658,7 +684,6 @@ class _Demo:
                     f"routing: {self.routing_path} (receivers pointed at the demo, waits shortened); "
                     "PAGE lines went to a pager receiver (pager, or a team's pager-<team>, "
                     "named on the line)",
-                    soft_wrap=True,
                     highlight=False,
                 )
         return results
@@ -685,14 +710,12 @@ class _Demo:
         t = summary.totals
         lost = t.badput_seconds.get("lost_progress", 0.0)
         self.console.print(
-            f"goodput {t.goodput:.4%} (productive {t.productive_seconds:.1f}s of {t.wall_seconds:.1f}s wall, "
+            f"goodput {t.goodput:.1%} (productive {t.productive_seconds:.1f}s of {t.wall_seconds:.1f}s wall, "
             f"{t.restarts} restart(s), {lost:.1f}s lost progress); ledger state {summary.state}",
-            soft_wrap=True, highlight=False,
+            highlight=False,
         )  # fmt: skip
-        self.console.print(f"report PNG: {png_text}", soft_wrap=True, highlight=False)
-        self.console.print(
-            f"same table any time: babysitter report {self.run_dir}", soft_wrap=True, highlight=False
-        )
+        self.console.print(f"report PNG: {png_text}", highlight=False)
+        self.console.print(f"same table any time: babysitter report {self.run_dir}", highlight=False)
         return float(t.goodput)
 
     def keep_message(self) -> None:
@@ -707,6 +730,12 @@ class _Demo:
             if self.prometheus_url
             else f"  babysitter top --metrics http://{self.agent_address}/metrics"
         )
+        if self.prometheus_url:
+            lines.append(
+                f"  babysitter explain --prometheus {self.prometheus_url} --run {RUN_NAME} --since 2m "
+                "--baseline 2m   (the last 2 minutes against the 2 before; explain reads the rate window "
+                "from the loaded rules)"
+            )
         if self.dashboards is not None:
             lines.append(
                 "  Grafana: add a Prometheus data source with the URL above, then Dashboards > New > "
@@ -714,7 +743,7 @@ class _Demo:
                 "the repository's dashboards/ query production's 5 m recording rules)"
             )
         for line in lines:
-            self.console.print(line, soft_wrap=True, highlight=False)
+            self.console.print(line, highlight=False)
 
 
 def run_demo(options: DemoOptions, console: Any) -> int:
@@ -724,7 +753,7 @@ def run_demo(options: DemoOptions, console: Any) -> int:
     code = 0
     with _terminate_as_interrupt():
         try:
-            console.print(f"babysitter demo: work directory {demo.workdir}", soft_wrap=True, highlight=False)
+            console.print(f"babysitter demo: work directory {demo.workdir}", highlight=False)
             demo.start_monitoring()
             demo.t0 = time.time()
             demo.view = DemoView(console, t0=demo.t0, duration=demo.scenario.duration)
@@ -773,11 +802,11 @@ def run_demo(options: DemoOptions, console: Any) -> int:
                 while True:
                     time.sleep(1)
         except KeyboardInterrupt:
-            console.print("\nbabysitter demo: interrupted, stopping everything it started", soft_wrap=True)
+            console.print("\nbabysitter demo: interrupted, stopping everything it started")
             code = 130
         except (StackError, OSError) as exc:
-            console.print(f"babysitter demo: {exc}", style="bold red", soft_wrap=True, highlight=False)
-            console.print(f"logs: {demo.stack.logs}", soft_wrap=True, highlight=False)
+            console.print(f"babysitter demo: {exc}", style="bold red", highlight=False)
+            console.print(f"logs: {demo.stack.logs}", highlight=False)
             code = 1
         finally:
             # Cleanup is short and bounded (SIGTERM, then SIGKILL after the grace); a second Ctrl-C

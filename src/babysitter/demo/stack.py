@@ -115,8 +115,9 @@ def prometheus_config(
         "scrape_configs": [
             {
                 "job_name": "babysitter-node",
-                "honor_labels": True,
+                # As exporters/prometheus-scrape.yml: no honor_labels, the trainer's own cluster dropped.
                 "static_configs": [{"targets": [agent] if agent else [], "labels": {"cluster": cluster}}],
+                "metric_relabel_configs": [{"action": "labeldrop", "regex": "exported_.*"}],
             }
         ],
         "rule_files": [str(p) for p in rule_files],

@@ -53,7 +53,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HANG_FLOOR", "SPIKE_SCALE", "Loader", "TinyConfig", "main", "simulated_gpu_labels", "train_step"]
+__all__ = [
+    "HANG_FLOOR",
+    "SPIKE_SCALE",
+    "Loader",
+    "TinyConfig",
+    "gpu_clock_at",
+    "main",
+    "simulated_gpu_labels",
+    "train_step",
+]
 
 log = logging.getLogger("babysitter.demo.trainer")
 
@@ -248,17 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     started = time.time()
     t0 = args.t0 if args.t0 is not None else started
-    events = [e for e in json.loads(args.events) if float(e["at"]) >= started - t0]
-    events.sort(key=lambda e: float(e["at"]))
+    scripted = sorted(json.loads(args.events), key=lambda e: float(e["at"]))
+    events = [e for e in scripted if float(e["at"]) >= started - t0]
+    # A restarted process starts on the GPU as it is: throttled still, if it throttled before.
+    initial_clock = gpu_clock_at(scripted, started - t0)
 
     import torch
 
     import babysitter
-    from babysitter.ledger.writer import ENV_FLUSH
 
-    # The ledger's batches: every second here (production: 5 s). What a SIGKILL takes with it from the
-    # ledger is booked as downtime rather than lost progress, so a short demo keeps that small.
-    os.environ.setdefault(ENV_FLUSH, "1")
     torch.set_num_threads(1)
     args.run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_dir = args.run_dir / "checkpoints"
@@ -298,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("demo trainer: resumed from step %d (%s)", step, path.name)
     slow_save = 0.0
     bad_loss_until, bad_scale = 0.0, 1.0
-    clock = 1.0  # the claimed simulated GPU's SM clock over its unthrottled one
+    clock = initial_clock  # the claimed simulated GPU's SM clock over its unthrottled one
     loader = Loader(cfg.vocab_size, args.batch, args.seq_len, step=step)
     batches = iter(tracker.data(loader))
     saved_slot = int((time.time() - t0) // args.checkpoint_interval)
@@ -350,6 +357,17 @@ def main(argv: list[str] | None = None) -> int:
         tracker.close(clean=True)
     log.info("demo trainer: stopped at step %d", step)
     return 0
+
+
+def gpu_clock_at(events: list[dict[str, Any]], at: float) -> float:
+    """The claimed GPU's clock factor ``at`` seconds into the scenario: the last ``gpu_clock`` event's
+    before then (1.0 before any). A training restarted after a throttle began runs throttled (issue
+    22's demo restarted at full speed on a GPU the simulator still throttled)."""
+    factor = 1.0
+    for event in events:
+        if float(event["at"]) < at and event.get("event") == "gpu_clock":
+            factor = float(event["factor"])
+    return factor
 
 
 def train_step(model: Any, opt: Any, data: Any, *, scale: float | None = None) -> Any:

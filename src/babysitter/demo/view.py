@@ -9,6 +9,7 @@ or a CI log, there is no animation: the same event and page lines, plus a one-li
 
 from __future__ import annotations
 
+import textwrap
 import threading
 import time
 from typing import Any
@@ -17,7 +18,20 @@ from babysitter.demo.pager import Page
 from babysitter.demo.scenario import DemoEvent
 from babysitter.views.top import Frame, RunRow
 
-__all__ = ["DemoView", "receiver_verb"]
+__all__ = ["INDENT", "DemoView", "receiver_verb", "wrapped"]
+
+#: Width of the clock at the head of every line (``[+ 25.1s] ``): continuation lines start under it.
+INDENT = 10
+
+
+def wrapped(line: str, width: int, indent: int = INDENT) -> str:
+    """``line`` wrapped at ``width`` with its continuations indented under the clock, so a terminal
+    or a log of 80 columns never wraps or cuts it (issue 22); words longer than a line are split."""
+    if len(line) <= width:
+        return line
+    return textwrap.fill(
+        line, width=width, subsequent_indent=" " * indent, break_long_words=True, break_on_hyphens=False
+    )
 
 
 def receiver_verb(receiver: str) -> str:
@@ -50,8 +64,12 @@ class DemoView:
         duration: float,
         live: bool | None = None,
         status_every: float = 15.0,
+        wrap: bool | None = None,
     ) -> None:
         self.console = console
+        #: Wrap long lines under the clock at the console's width: on a terminal (default), so an
+        #: 80-column one never breaks a line mid-word; piped (a CI log), lines stay whole for grep.
+        self.wrap = console.is_terminal if wrap is None else wrap
         self.t0 = t0
         self.duration = duration
         self.live_enabled = console.is_terminal if live is None else live
@@ -83,10 +101,14 @@ class DemoView:
                 self._live.stop()
                 self._live = None
 
+    def _print(self, line: str, style: str | None) -> None:
+        text = wrapped(line, self.console.width) if self.wrap else line
+        self.console.print(text, style=style, soft_wrap=True, highlight=False, markup=False)
+
     def say(self, text: str, style: str | None = None) -> None:
-        """A timestamped line."""
+        """A timestamped line (plain text: no markup)."""
         with self._lock:
-            self.console.print(f"{self._clock()} {text}", style=style, soft_wrap=True, highlight=False)
+            self._print(f"{self._clock()} {text}", style)
 
     def event(self, event: DemoEvent) -> None:
         """A scripted fault happens now."""
@@ -109,23 +131,15 @@ class DemoView:
             else:
                 line = f"{self._clock(page.received)} RESOLVED {page.name} {page.subject()}{to}"
                 style = "green"
-            self.console.print(line, style=style, soft_wrap=True, highlight=False, markup=False)
+            self._print(line, style)
             self._refresh()
 
     def remediation(self, head: str, audit_line: str, *, refused: bool = False) -> None:
         """What the remediator did (or, in a dry run, would do), and its audit record."""
         with self._lock:
             style = "bold yellow" if refused else "bold magenta"
-            self.console.print(
-                f"{self._clock()} {head}", style=style, soft_wrap=True, highlight=False, markup=False
-            )
-            self.console.print(
-                f"          audit: {audit_line}",
-                style="magenta",
-                soft_wrap=True,
-                highlight=False,
-                markup=False,
-            )
+            self._print(f"{self._clock()} {head}", style)
+            self._print(f"{' ' * INDENT}audit: {audit_line}", "magenta")
             self._refresh()
 
     def update(self, frame: Frame | None, next_event: DemoEvent | None) -> None:

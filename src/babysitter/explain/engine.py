@@ -17,6 +17,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from babysitter.explain.alerts import FiredAlert, fired_query, run_alerts
+from babysitter.explain.fabric import check_fabric
+from babysitter.explain.integrity import CAUSES as INTEGRITY_CAUSES
+from babysitter.explain.integrity import TEAMS as INTEGRITY_TEAMS
+from babysitter.explain.integrity import integrity_causes
 from babysitter.explain.queries import ExplainQueries
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.rules import LIKELY_CAUSES
@@ -37,6 +42,8 @@ CAUSES: dict[str, str] = {
     "phase": "an eval or other marked phase",
     "job_size": "a changed job size or config (ranks, tokens per step)",
     "loss": "loss spikes or non-finite loss",
+    **INTEGRITY_CAUSES,
+    "fabric": "InfiniBand/RoCE port errors, flaps or downs, or PCIe trouble on a slow or stalled run's hosts",
 }
 #: Who acts on each cause: ``infra`` (hardware, hosts, storage) or ``training`` (the job and its code);
 #: the causes the alerts' likely-cause rule names take their team from it, so a page and explain agree.
@@ -46,9 +53,15 @@ TEAMS: dict[str, str] = {
     "storage": "infra",
     "job_size": "training",
     "loss": "training",
+    **INTEGRITY_TEAMS,
+    "fabric": "infra",
     **dict(LIKELY_CAUSES),
 }
 _RESTART_CAUSES = ("downtime", "lost_progress", "startup", "checkpoint_load")
+#: A cause another one includes when both are there (the GPU fault's line counts its restart).
+_COVERED_BY = {"restart": "gpu_fault"}
+#: Ledger badput during which a run does not step (or steps that another cause is charged with).
+_NOT_STEPPING = (*_RESTART_CAUSES, "hang", "checkpoint_save", "eval", "phase")
 _PHASE_CAUSES = ("eval", "phase")
 #: A change in ranks or tokens per step smaller than this is noise.
 _CONFIG_CHANGE = 0.05
@@ -106,11 +119,27 @@ class Explanation:
     causes: list[Cause]
     checked: dict[str, str]
     queries: dict[str, str] = field(default_factory=dict)
+    #: Seconds of the window and of the baseline the run had series in (a young run covers less).
+    window_covered: float | None = None
+    baseline_covered: float | None = None
+    #: The ledger's badput by cause in the baseline (why a slow baseline hides a loss).
+    baseline_badput: dict[str, float] = field(default_factory=dict)
+    #: The ledger's lost progress in the window: steps computed again, whose tokens tokens/s counts.
+    window_lost_progress: float = 0.0
+    #: Alerts that fired about the run in the window (name: where), whatever cause they back.
+    alerts: list[str] = field(default_factory=list)
+    #: How the rules' names were chosen (the loaded rules' profile or rate window), when it was read.
+    rules: str = ""
 
     @property
     def window_seconds(self) -> float:
         """Length of the window explained."""
         return self.end - self.start
+
+    @property
+    def accounted_seconds(self) -> float:
+        """Seconds of the window the timed causes account for, together."""
+        return sum(c.seconds for c in self.causes if c.seconds > 0)
 
     @property
     def top(self) -> Cause | None:
@@ -121,8 +150,55 @@ class Explanation:
         """JSON-ready."""
         data = asdict(self)
         data["window_seconds"] = self.window_seconds
+        data["accounted_seconds"] = self.accounted_seconds
         data["nothing_found"] = not self.causes
+        data["headline"] = self.headline()
         return data
+
+    def headline(self) -> str:
+        """The lost time and what the causes account for, or why the two differ."""
+        lost, accounted = self.lost_seconds, self.accounted_seconds
+        covered = self.window_covered if self.window_covered is not None else self.window_seconds
+        young = ""
+        if covered < self.window_seconds - 1:
+            young = (
+                f" (the run has series only in the last {covered:.0f} s of the {self.window_seconds:.0f} s)"
+            )
+        if not self.baseline_tokens_per_second:
+            text = (
+                f"no baseline to measure a loss against: no tokens of the run in the "
+                f"{_dur(self.baseline_seconds)} before the window{young}"
+            )
+            if accounted:
+                text += f"; the causes below are what the window itself holds, ~{accounted:.0f} s"
+            return text
+        text = f"~{lost:.0f} s of {covered:.0f} s lost{young}"
+        if not self.causes:
+            return text
+        slack = max(1.0, 0.02 * covered)
+        if accounted <= lost * 1.1 + slack:
+            text += f"; the causes below account for ~{accounted:.0f} s"
+            if accounted < 0.9 * lost - slack:
+                text += f", ~{lost - accounted:.0f} s not accounted for"
+            return text
+        why = "the baseline was no faster"
+        booked = {c: v for c, v in self.baseline_badput.items() if v >= slack}
+        base_covered = self.baseline_covered if self.baseline_covered is not None else self.baseline_seconds
+        redone = self.window_lost_progress
+        if redone >= slack and accounted - redone <= lost * 1.1 + slack:
+            why = (
+                f"{redone:.0f} s of them are lost progress: steps computed again after a restart, whose "
+                "tokens tokens/s counts"
+            )
+        elif booked:
+            top = sorted(booked.items(), key=lambda kv: -kv[1])[:3]
+            why = "the baseline lost time too (" + ", ".join(f"{c} {v:.0f} s" for c, v in top) + ")"
+        elif base_covered < self.baseline_seconds - 1:
+            why = f"the baseline holds only {base_covered:.0f} s of the run"
+        return (
+            f"{text}, but the causes below cost ~{accounted:.0f} s: more than the drop against the "
+            f"baseline shows, because {why}"
+        )
 
     def lines(self) -> list[str]:
         """The person-readable answer, one cause per line with its evidence below it."""
@@ -138,8 +214,10 @@ class Explanation:
             )
         if self.mfu is not None and self.baseline_mfu is not None:
             parts.append(f"MFU {self.mfu:.1%} vs {self.baseline_mfu:.1%}")
-        parts.append(f"~{self.lost_seconds:.0f} s of {self.window_seconds:.0f} s lost")
+        parts.append(self.headline())
         out = [f"{head} {', '.join(parts)}"]
+        if self.rules:
+            out.append(f"(rules: {self.rules})")
         if not self.causes:
             out.append("nothing found. Checked: " + "; ".join(f"{k}: {v}" for k, v in self.checked.items()))
             return out
@@ -153,7 +231,21 @@ class Explanation:
 
 
 #: Labels an evidence line shows (the rest are in the JSON).
-_WHERE = ("rank", "instance", "gpu", "xid", "path", "cause", "reason")
+_WHERE = (
+    "rank",
+    "instance",
+    "gpu",
+    "xid",
+    "path",
+    "cause",
+    "reason",
+    "device",
+    "port",
+    "counter",
+    "pci_address",
+    "pg",
+    "op",
+)
 
 
 def _num(value: float | None) -> str:
@@ -166,8 +258,13 @@ def _evidence(e: Evidence) -> str:
     return f"{e.what}: {_num(e.value)}{before}{f' [{where}]' if where else ''}"
 
 
-def _hhmm(t: float) -> str:
-    return time.strftime("%H:%M", time.gmtime(t))
+def _hhmm(t: float, seconds: bool = False) -> str:
+    """HH:MM (UTC; HH:MM:SS with ``seconds``) of a Unix time from Prometheus; "?" for one no clock can
+    show (a series' value)."""
+    try:
+        return time.strftime("%H:%M:%S" if seconds else "%H:%M", time.gmtime(t))
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 def _dur(seconds: float) -> str:
@@ -225,16 +322,21 @@ def explain(
     baseline: float = 3600.0,
     cluster: str = "",
     cfg: GenerateConfig | None = None,
+    rules: str = "",
 ) -> Explanation:
     """Explain run ``run`` over ``[end - window, end]`` against ``[end - window - baseline, end - window]``.
 
-    Raises :class:`~babysitter.prom.PromError` when Prometheus fails a query, ValueError for a bad window.
+    ``cfg`` names the recording rules as generated (:func:`babysitter.explain.rules.config_from_rules`
+    reads it from a Prometheus); ``rules`` says how it was chosen, for the answer. Raises
+    :class:`~babysitter.prom.PromError` when Prometheus fails a query, ValueError for a bad window.
     """
     if not window > 0 or not baseline > 0:
         raise ValueError("the window and the baseline must be positive")
     t1 = time.time() if end is None else end
     q = ExplainQueries(run, cluster, cfg or GenerateConfig())
-    return _Scan(q, _Asker(client), end=t1, window=window, baseline=baseline).run()
+    answer = _Scan(q, _Asker(client), end=t1, window=window, baseline=baseline).run()
+    answer.rules = rules
+    return answer
 
 
 class _Scan:
@@ -253,25 +355,49 @@ class _Scan:
         """``make(range)`` over the window (at its end) and over the baseline (at the window's start)."""
         return self.ask(name, make(self.W), self.t1), self.ask(f"{name}_baseline", make(self.B), self.t0)
 
+    def _covered(self, name: str, seconds: float, at: float) -> float:
+        """Seconds of the range ending at ``at`` in which the run had series (from its first sample).
+
+        Looked for over twice the range: a run killed right at the range's start has no series for
+        its first seconds, yet is not young (the live bench's kill read "series only in the last 5 s")."""
+        first = _scalar(self.ask(name, self.q.first_seen(2 * seconds), at))
+        if first is None:
+            return seconds
+        step = min(self.q.step_seconds, max(1.0, seconds / 60))
+        if first <= at - seconds + step:
+            return seconds  # there from the start (the subquery's first step)
+        # From the first sample: increase() extrapolates half a scrape interval before it, which
+        # this leaves out (a few percent of the rate for a run only minutes old).
+        return max(1.0, min(seconds, at - first))
+
     def run(self) -> Explanation:
         q, W, B = self.q, self.W, self.B
         tok_w, tok_b = (_scalar(x) for x in self._pair("tokens", q.tokens))
         fl_w, fl_b = (_scalar(x) for x in self._pair("model_flops", q.model_flops))
         pk_w, pk_b = (_scalar(x) for x in self._pair("peak", q.peak))
-        rate_w = None if tok_w is None else tok_w / W
-        rate_b = None if tok_b is None else tok_b / B
-        lost = W * max(0.0, 1 - rate_w / rate_b) if rate_w is not None and rate_b else 0.0
-        mfu_w = fl_w / (W * pk_w) if fl_w is not None and pk_w else None
-        mfu_b = fl_b / (B * pk_b) if fl_b is not None and pk_b else None
+        # Rates over the part of each range the run existed in: a run that began inside the baseline
+        # (or the window) is not slow for the time before it existed.
+        self.Wc = self._covered("first_seen", W, self.t1)
+        self.Bc = self._covered("first_seen_baseline", B, self.t0)
+        self.scale = self.Wc / self.Bc
+        rate_w = None if tok_w is None else tok_w / self.Wc
+        rate_b = None if tok_b is None else tok_b / self.Bc
+        lost = self.Wc * max(0.0, 1 - rate_w / rate_b) if rate_w is not None and rate_b else 0.0
+        mfu_w = fl_w / (self.Wc * pk_w) if fl_w is not None and pk_w else None
+        mfu_b = fl_b / (self.Bc * pk_b) if fl_b is not None and pk_b else None
         self.lost = lost
         self._ranks_and_gpus()
+        self._fired()
         self._restarts()
         self._data_wait()
         self._slow_ranks()
+        check_fabric(self, cause=Cause, evidence=Evidence, team=TEAMS["fabric"])
         self._checkpoints()
         self._phases()
         self._job_size()
         self._loss()
+        integrity_causes(self, Cause, Evidence)
+        self._alerts_back_causes()
         timed = [c for c in self.causes if c.seconds >= self.min_seconds]
         untimed = [c for c in self.causes if c.seconds < self.min_seconds]
         for c in untimed:
@@ -298,7 +424,66 @@ class _Scan:
             causes=timed + untimed,
             checked=checked,
             queries=dict(self.ask.queries),
+            window_covered=self.Wc,
+            baseline_covered=self.Bc,
+            baseline_badput={c: v for c, v in self.badput_baseline.items() if v > 0},
+            window_lost_progress=self.badput_window.get("lost_progress", 0.0),
+            alerts=[f"{a.name}: {a.where()}" for a in self.fired],
         )
+
+    # ------------------------------------------------------------------------------------------ alerts
+
+    def _fired(self) -> None:
+        """The alerts that fired about the run (its label, its GPUs, its hosts) in the window."""
+        q = self.q
+        hosts = {lab.get("instance", "") for lab in self.gpu.values()} - {""}
+        samples = self.ask("alerts_fired", fired_query(self.W), self.t1)
+        self.fired: list[FiredAlert] = run_alerts(
+            samples,
+            run=q.run,
+            cluster_label=q.cfg.cluster_label,
+            cluster=q.cluster,
+            gpus=self.gpu,
+            hosts=hosts,
+        )
+
+    def _alerts_back_causes(self) -> None:
+        """A cause whose alert fired is never "nothing found": it is listed (untimed when its check
+        measured no time), with the alert and what the check saw; a found cause gains the alert."""
+        by_cause: dict[str, list[FiredAlert]] = {}
+        for alert in self.fired:
+            by_cause.setdefault(alert.cause, []).append(alert)
+        found = {c.key: c for c in self.causes}
+        for key, host in _COVERED_BY.items():  # a restart after an Xid is the GPU fault's, not its own
+            if key in by_cause and host in found:
+                by_cause.setdefault(host, []).extend(by_cause.pop(key))
+        for key, alerts in by_cause.items():
+            evidence = [
+                Evidence(
+                    f"{a.name} firing (fraction of the window)",
+                    a.fraction,
+                    labels=a.labels,
+                    query=self.ask_q("alerts_fired"),
+                )
+                for a in alerts
+            ]
+            if key in found:
+                found[key].evidence.extend(evidence)
+                continue
+            names = sorted({a.name for a in alerts})
+            where = "; ".join(sorted({a.where() for a in alerts}))
+            seen = self.checked.pop(key, "")
+            self.causes.append(
+                Cause(
+                    key,
+                    f"{' and '.join(names)} fired in the window ({where}); no time measured: {seen}"
+                    if seen
+                    else f"{' and '.join(names)} fired in the window ({where})",
+                    0.0,
+                    TEAMS.get(key, "infra"),
+                    evidence=evidence,
+                )
+            )
 
     def _ranks_and_gpus(self) -> None:
         q = self.q
@@ -307,17 +492,29 @@ class _Scan:
         self.uuid_ranks: dict[str, list[str]] = {}
         for rank, labels in self.gpu.items():
             self.uuid_ranks.setdefault(labels.get("uuid", ""), []).append(rank)
-        mean_w, mean_b = (_by1(x, "rank") for x in self._pair("rank_step_mean", q.rank_step_mean))
+        # Medians over the range of the rule's rate-window means: a hang's one stuck step (28 s among
+        # 0.1 s steps) stays in the rate window for its length and skewed a short range's mean (the
+        # demo's throttle read "2.7x" for 1.43x).
+        mean_w, mean_b = (_by1(x, "rank") for x in self._pair("rank_step_median", q.rank_step_median))
         self.mean_w, self.mean_b = mean_w, mean_b
         self.median_b = statistics.median(mean_b.values()) if mean_b else None
         self.median_w = statistics.median(mean_w.values()) if mean_w else None
         self.ratio_w = _by1(self.ask("rank_step_ratio", q.rank_step_ratio(self.W), self.t1), "rank")
+        # Lockstep runs: the in-process score from collective arrival (step times are equal there).
+        self.score_w = _by1(self.ask("straggler_score", q.straggler_score(self.W), self.t1), "rank")
+        self.lag_w = _by1(self.ask("collective_lag", q.collective_lag(self.W), self.t1), "rank")
+        hosts = self.ask("rank_host", q.rank_host(self.W + self.B), self.t1)
+        self.host: dict[str, dict[str, str]] = {s.labels.get("rank", ""): s.labels for s in hosts}
 
     def _where(self, rank: str) -> str:
         labels = self.gpu.get(rank)
-        if not labels:
-            return f"rank {rank}"
-        return f"rank {rank} (host {labels.get('instance', '?')}, GPU {labels.get('gpu', '?')})"
+        if labels:
+            return f"rank {rank} (host {labels.get('instance', '?')}, GPU {labels.get('gpu', '?')})"
+        placed = self.host.get(rank)
+        if placed:
+            uuid = f", {placed['uuid']}" if placed.get("uuid") else ""
+            return f"rank {rank} (host {placed.get('instance', '?')}{uuid})"
+        return f"rank {rank}"
 
     # ----------------------------------------------------------------------------------------- causes
 
@@ -331,8 +528,15 @@ class _Scan:
         self.badput_baseline = {c: max(0.0, v - first.get(c, 0.0)) for c, v in before.items()}
         r_now = _scalar(self.ask("restarts", q.restarts_last(W), self.t1))
         r_before = _scalar(self.ask("restarts_before", q.restarts_last(B), self.t0)) or 0.0
+        r_first = _scalar(self.ask("restarts_baseline_start", q.restarts_last(B), self.t0 - B)) or 0.0
         restarts = max(0.0, (r_now or 0.0) - r_before)
+        restarts_before = max(0.0, r_before - r_first)
         restart_seconds = sum(grew.get(c, 0.0) for c in _RESTART_CAUSES)
+        # A cause is what the window has more of than the baseline: restarts as usual are not one
+        # (only the baseline's restarts count against it, not the run's first startup).
+        usual = sum(self.badput_baseline.get(c, 0.0) for c in _RESTART_CAUSES) if restarts_before else 0.0
+        restart_seconds = max(0.0, restart_seconds - usual * self.scale)
+        more_restarts = restarts > restarts_before * self.scale
         restart_ev = [
             Evidence(f"ledger badput {c} in the window", grew[c], query=self.ask_q("badput"))
             for c in _RESTART_CAUSES
@@ -391,7 +595,7 @@ class _Scan:
             )
         else:
             self.checked["gpu_fault"] = "no new Xid and no lost GPU on the run's GPUs"
-            if restarts or restart_seconds >= self.min_seconds:
+            if (restarts and more_restarts) or restart_seconds >= self.min_seconds:
                 self.causes.append(
                     Cause(
                         "restart",
@@ -403,29 +607,62 @@ class _Scan:
                     )
                 )
             else:
-                self.checked["restart"] = "no restart and no restart badput in the window"
-        hang = grew.get("hang", 0.0)
-        if hang >= self.min_seconds:
+                self.checked["restart"] = (
+                    "no restart and no restart badput in the window"
+                    if not restarts
+                    else f"{restarts:g} restart(s), no more than the baseline's {restarts_before:g}"
+                )
+        hang = max(0.0, grew.get("hang", 0.0) - self.badput_baseline.get("hang", 0.0) * self.scale)
+        culprits = self.ask("culprit", q.culprit(W), self.t1)
+        if hang >= self.min_seconds or culprits:
+            waiting = self.ask("waiting", q.waiting(W), self.t1)
+            named, ev = _culprits(culprits, waiting, self.ask_q("culprit"), self.ask_q("waiting"))
+            booked = (
+                f"the run hung for {grew.get('hang', 0.0):.0f} s (ledger badput hang)"
+                if hang >= self.min_seconds
+                else ""
+            )
             self.causes.append(
                 Cause(
                     "hang",
-                    f"the run hung for {hang:.0f} s (ledger badput hang)",
+                    "; ".join(part for part in (booked or "the run hangs in a collective", named) if part),
                     hang,
                     TEAMS["hang"],
-                    evidence=[Evidence("ledger badput hang in the window", hang, query=self.ask_q("badput"))],
+                    ranks=sorted({s.labels.get("rank", "?") for s in culprits}, key=_rank_order),
+                    hosts=sorted({s.labels.get("instance", "?") for s in culprits}),
+                    gpus=sorted({s.labels["uuid"] for s in culprits if s.labels.get("uuid")}),
+                    evidence=[
+                        *(
+                            [
+                                Evidence(
+                                    "ledger badput hang in the window",
+                                    grew.get("hang", 0.0),
+                                    self.badput_baseline.get("hang", 0.0) * self.scale,
+                                    query=self.ask_q("badput"),
+                                )
+                            ]
+                            if booked
+                            else []
+                        ),
+                        *ev,
+                    ],
                 )
             )
         else:
-            self.checked["hang"] = "no hang booked by the ledger"
+            self.checked["hang"] = (
+                "no hang booked by the ledger"
+                if not grew.get("hang")
+                else "no more hang than in the baseline (ledger badput hang)"
+            ) + ", no rank a hung collective waited for"
 
     def ask_q(self, name: str) -> str:
         """The query last run under ``name`` (for the evidence)."""
         return self.ask.queries.get(name, "")
 
     def _data_wait(self) -> None:
-        q, W, B = self.q, self.W, self.B
+        q, W = self.q, self.W
         w, b = (_by1(x, "rank") for x in self._pair("data_wait", q.data_wait))
-        self.extra_wait = {r: max(0.0, v - b.get(r, 0.0) * W / B) for r, v in w.items()}
+        self.extra_wait = {r: max(0.0, v - b.get(r, 0.0) * self.scale) for r, v in w.items()}
         if not self.extra_wait:
             self.checked["data_wait"] = "no data-wait counters"
             return
@@ -436,7 +673,7 @@ class _Scan:
                 f"data wait did not grow (worst rank {rank}: {w.get(rank, 0.0) / W:.1%} of the window)"
             )
             return
-        frac_w, frac_b = w[rank] / W, b.get(rank, 0.0) / B
+        frac_w, frac_b = w[rank] / self.Wc, b.get(rank, 0.0) / self.Bc
         spread = "every rank" if min(self.extra_wait.values()) >= 0.5 * extra else f"rank {rank}"
         self.causes.append(
             Cause(
@@ -461,10 +698,54 @@ class _Scan:
         temp_w = _by1(self.ask("temperature", q.temperature(W), self.t1), "rank")
         straggling = _by1(self.ask("straggling_since", q.straggling_since(W), self.t1), "rank")
         throttled: dict[str, list[str]] = {}
+        #: Ranks whose GPU began throttling inside the window: seconds from then to the window's end.
+        stretch: dict[str, float] = {}
         for (rank, reason), frac in th_w.items():
-            if frac >= cfg.throttle_fraction and th_b.get((rank, reason), 0.0) < cfg.throttle_fraction:
+            if th_b.get((rank, reason), 0.0) >= cfg.throttle_fraction:
+                continue
+            began = since.get((rank, reason))
+            # Began after the run's part of the window did (a throttle late in the window, or one
+            # that came after a young run's start): timed over the stretch since, not the whole window.
+            start = self.t1 - self.Wc
+            late = self.t1 - began if began is not None and began > start + 0.05 * self.Wc else None
+            if late is not None and late < self.min_seconds:
+                continue
+            if frac >= cfg.throttle_fraction or (late and frac * self.Wc >= cfg.throttle_fraction * late):
                 throttled.setdefault(rank, []).append(reason)
+                if late:
+                    stretch[rank] = max(stretch.get(rank, 0.0), late)
         median_extra = statistics.median(self.extra_wait.values()) if self.extra_wait else 0.0
+        # A slow rank slows the steps, not a hang, a restart's downtime, startup and lost progress, or
+        # a checkpoint or eval: those are their own causes' time (the ledger's), so only the stepping
+        # part of the window is charged (before, a throttle spanning a hang was charged the hang too).
+        away = sum(self.badput_window.get(c, 0.0) for c in _NOT_STEPPING)
+        stepping = max(0.0, 1 - away / self.Wc)
+        late_step: dict[str, float] = {}
+        full_step: dict[str, float] = {}
+        base_of: dict[str, str] = {}
+
+        def late_excess(rank: str, seconds: float) -> float:
+            """The slowdown of a rank over the last ``seconds`` of the window (medians: a stuck step
+            in the rules' rate window skews a short stretch's mean), against its peers when slower
+            than them, else against the baseline's median step time (or the window before it)."""
+            ratio = _by1(self.ask("late_step_ratio", q.rank_step_ratio_median(seconds), self.t1), "rank").get(
+                rank
+            )
+            extra = self.extra_wait.get(rank, 0.0) * seconds / self.Wc
+            if ratio is not None and ratio >= _PEER_RATIO:
+                slowdown, own = ratio, max(0.0, extra - median_extra * seconds / self.Wc)
+                late_step[rank] = ratio
+            else:
+                mine = _by1(self.ask("late_step", q.rank_step_median(seconds), self.t1), "rank").get(rank)
+                base = self.median_b
+                before = self.t1 - seconds - self.t0
+                if base is None and before >= self.min_seconds:
+                    earlier = self.ask("before_late_step", q.rank_step_median(before), self.t1 - seconds)
+                    base = _by1(earlier, "rank").get(rank)
+                slowdown, own = (mine / base if mine and base else 1.0), extra
+                if mine and base:
+                    late_step[rank] = slowdown
+            return max(0.0, seconds * stepping * (1 - 1 / slowdown) - own) if slowdown > 1 else 0.0
 
         def excess(rank: str) -> float:
             """Seconds of the window this rank's slowness costs, net of its own extra data wait.
@@ -472,18 +753,29 @@ class _Scan:
             A rank slower than its peers (1.1x the window's median rank) is measured against them,
             which leaves out what slowed every rank alike (data wait, a uniform cause); a rank in step
             with its peers against the run's baseline median step time."""
-            ratio = self.ratio_w.get(rank, 1.0)
+            ratio = max(self.ratio_w.get(rank, 1.0), self.score_w.get(rank, 1.0))
             extra = self.extra_wait.get(rank, 0.0)
             if ratio >= _PEER_RATIO:
                 slowdown, own = ratio, max(0.0, extra - median_extra)
             else:
                 mine, base = self.mean_w.get(rank), self.median_b
+                began = first_throttle(rank)
+                if base is None and began is not None and began - self.t0 >= self.min_seconds:
+                    # No baseline (a young run): the window before its GPU began throttling.
+                    earlier = self.ask("before_throttle_step", q.rank_step_median(began - self.t0), began)
+                    base = _by1(earlier, "rank").get(rank)
+                    base_of[rank] = "its step time before the throttle"
                 slowdown, own = (mine / base if mine and base else 1.0), extra
-            return max(0.0, W * (1 - 1 / slowdown) - own) if slowdown > 1 else 0.0
+                if mine and base:
+                    full_step[rank] = slowdown
+            return max(0.0, self.Wc * stepping * (1 - 1 / slowdown) - own) if slowdown > 1 else 0.0
+
+        def first_throttle(rank: str) -> float | None:
+            return min((t for (r, _), t in since.items() if r == rank), default=None)
 
         best: tuple[float, str] | None = None
         for rank in throttled:
-            sec = excess(rank)
+            sec = late_excess(rank, stretch[rank]) if rank in stretch else excess(rank)
             if best is None or sec > best[0]:
                 best = (sec, rank)
         if best is not None:
@@ -491,19 +783,29 @@ class _Scan:
             reasons = sorted(throttled[rank])
             first = min((since[(rank, r)] for r in reasons if (rank, r) in since), default=None)
             ratio = self.ratio_w.get(rank)
-            mine = self.mean_w.get(rank)
+            against = base_of.get(rank, "the run's baseline")
             step_part = (
                 f"step time {ratio:.1f}x the median rank"
                 if ratio and ratio >= _PEER_RATIO
-                else f"step time {mine / self.median_b:.1f}x the run's baseline"
-                if mine and self.median_b
+                else f"step time {full_step[rank]:.1f}x {against}"
+                if rank in full_step
                 else "step time unknown"
             )
+            if rank in stretch:
+                late = stretch[rank]
+                step_part = (
+                    f"step time {late_step[rank]:.1f}x in the last {late:.0f} s of the window, since its "
+                    f"GPU began throttling"
+                    if rank in late_step
+                    else f"step time unknown over the last {late:.0f} s of the window, since its GPU began "
+                    "throttling"
+                )
 
             if rank in straggling:
                 step_part += f" since {_hhmm(straggling[rank])}"
             clock = (
-                f", SM clock {_ghz(clock_w.get(rank))} vs {_ghz(clock_b.get(rank))}"
+                f", SM clock {_ghz(clock_w.get(rank))}"
+                + (f" vs {_ghz(clock_b.get(rank))}" if rank in clock_b else "")
                 if rank in clock_w
                 else ""
             )
@@ -515,7 +817,7 @@ class _Scan:
                 Cause(
                     "gpu_throttling",
                     f"{self._where(rank)} {step_part}; that GPU reports {' + '.join(reasons)}"
-                    f"{f' since {_hhmm(first)}' if first else ''}{clock}{temp}{also}",
+                    f"{f' since {_hhmm(first, self.W < 3600)}' if first else ''}{clock}{temp}{also}",
                     sec,
                     TEAMS["gpu_throttling"],
                     ranks=sorted(throttled, key=_rank_order),
@@ -546,44 +848,86 @@ class _Scan:
                 )
             )
         else:
+            before = sorted({r for (r, _), f in th_b.items() if f >= cfg.throttle_fraction}, key=_rank_order)
             self.checked["gpu_throttling"] = (
-                f"no rank's GPU throttled over {cfg.throttle_fraction:.0%} of the window "
+                f"rank {', '.join(before)}'s GPU throttled in the baseline too: no change to explain"
+                if before
+                else f"no rank's GPU throttled over {cfg.throttle_fraction:.0%} of the window "
                 f"({len(self.gpu)} ranks joined to a GPU)"
                 if self.gpu
                 else "no rank joined to a GPU (train_info without uuid, or no GPU series)"
             )
+        # A rank is slow by its step time over the median rank's, or, in lockstep runs (where step
+        # times are equal), by its straggler score: its own work between collectives (flight recorder).
         stragglers = {
-            r: ratio
-            for r, ratio in self.ratio_w.items()
-            if ratio >= cfg.straggler_ratio and r not in throttled
+            r: max(self.ratio_w.get(r, 0.0), self.score_w.get(r, 0.0))
+            for r in {*self.ratio_w, *self.score_w}
+            if max(self.ratio_w.get(r, 0.0), self.score_w.get(r, 0.0)) >= cfg.straggler_ratio
+            and r not in throttled
         }
         if not stragglers:
-            self.checked["straggler"] = f"no rank over {cfg.straggler_ratio:g}x the median rank's step time"
+            self.checked["straggler"] = (
+                f"no rank over {cfg.straggler_ratio:g}x the median rank's step time "
+                f"or, where scored, its work between collectives ({len(self.score_w)} ranks scored)"
+            )
             return
         rank = max(stragglers, key=lambda r: stragglers[r])
         sec = excess(rank)
         when = f" since {_hhmm(straggling[rank])}" if rank in straggling else ""
-        hosts = sorted({self.gpu.get(r, {}).get("instance", "") for r in stragglers} - {""})
+        hosts = sorted(
+            {
+                self.gpu.get(r, {}).get("instance", "") or self.host.get(r, {}).get("instance", "")
+                for r in stragglers
+            }
+            - {""}
+        )
         others = sorted(set(stragglers) - {rank}, key=_rank_order)
         also = f" (also slow: rank {', '.join(others)})" if others else ""
+        step_ratio, score, lag = self.ratio_w.get(rank), self.score_w.get(rank), self.lag_w.get(rank)
+        if score is not None and score >= cfg.straggler_ratio and score >= (step_ratio or 0.0):
+            what = f"works {score:.1f}x as long as the median rank between collectives (flight recorder)"
+            if lag is not None and lag > 0:
+                what += f"; the others wait {lag * 1000:.0f} ms for it at each collective"
+            if step_ratio is not None and step_ratio < cfg.straggler_ratio:
+                what += f"; its step time is {step_ratio:.1f}x the median (lockstep makes them equal)"
+        else:
+            what = f"step time {stragglers[rank]:.1f}x the median rank{when}"
+        evidence = [
+            Evidence(
+                "step time / median rank", step_ratio, None, {"rank": rank}, self.ask_q("rank_step_ratio")
+            )
+        ]
+        if score is not None:
+            evidence.append(
+                Evidence(
+                    "straggler score (work between collectives / median rank)",
+                    score,
+                    None,
+                    {"rank": rank},
+                    self.ask_q("straggler_score"),
+                )
+            )
+        if lag is not None:
+            evidence.append(
+                Evidence(
+                    "collective lag behind the median rank (s)",
+                    lag,
+                    None,
+                    {"rank": rank},
+                    self.ask_q("collective_lag"),
+                )
+            )
+        placed = self.host.get(rank, {})
         self.causes.append(
             Cause(
                 "straggler",
-                f"{self._where(rank)} step time {stragglers[rank]:.1f}x the median rank{when}; "
-                f"its GPU reports no throttling{also}",
+                f"{self._where(rank)} {what}; its GPU reports no throttling{also}",
                 sec,
                 TEAMS["straggler"],
                 ranks=sorted(stragglers, key=_rank_order),
                 hosts=hosts,
-                evidence=[
-                    Evidence(
-                        "step time / median rank",
-                        stragglers[rank],
-                        None,
-                        {"rank": rank},
-                        self.ask_q("rank_step_ratio"),
-                    )
-                ],
+                gpus=[placed["uuid"]] if placed.get("uuid") else [],
+                evidence=evidence,
             )
         )
 
@@ -594,8 +938,12 @@ class _Scan:
         n_w, n_b = round(n_w), round(n_b)
         mean_w = sec_w / n_w if n_w else None
         mean_b = sec_b / n_b if n_b else None
-        more = max(0.0, (sec_w if mean_b is None else n_w * mean_b) - sec_b * W / B)
+        usual = sec_b * self.scale
+        more = max(0.0, (sec_w if mean_b is None else n_w * mean_b) - usual)
         slower = max(0.0, n_w * (mean_w - mean_b)) if mean_w is not None and mean_b is not None else 0.0
+        # Saves that blocked no more of the window than the baseline's rate did are no cause, however
+        # many there were (more saves, each faster): the charge is at most the growth.
+        growth = max(0.0, sec_w - usual)
         probe = self.ask("storage", q.storage(W, W + B), self.t1)
         probe_b = _by(self.ask("storage_baseline", q.storage(B, W + B), self.t0), "instance", "path")
         slow_paths = []
@@ -609,10 +957,8 @@ class _Scan:
             ):
                 slow_paths.append((key, s.value, before))
         ev = [
-            Evidence(
-                "blocking save seconds in the window", sec_w, sec_b * W / B, query=self.ask_q("save_seconds")
-            ),
-            Evidence("saves", float(n_w), n_b * W / B, query=self.ask_q("saves")),
+            Evidence("blocking save seconds in the window", sec_w, usual, query=self.ask_q("save_seconds")),
+            Evidence("saves", float(n_w), n_b * self.scale, query=self.ask_q("saves")),
         ]
         if mean_w is not None:
             ev.append(Evidence("mean save seconds", mean_w, mean_b))
@@ -628,7 +974,7 @@ class _Scan:
                     "storage",
                     f"storage probe on {host} {path}: write + fsync {now:.2f} s vs {before:.2f} s before"
                     f"{f' ({len(slow_paths)} host/path pairs slower)' if len(slow_paths) > 1 else ''}{saves}",
-                    slower,
+                    min(slower, growth),
                     TEAMS["storage"],
                     hosts=sorted({h for (h, _), _, _ in slow_paths}),
                     evidence=[
@@ -644,18 +990,24 @@ class _Scan:
                     + ev,
                 )
             )
+            growth = max(0.0, growth - slower)
             slower = 0.0
         else:
             self.checked["storage"] = (
                 f"the storage probe on the run's hosts did not slow ({len(probe)} host/path pairs)"
             )
-        sec = more + slower
+        sec = min(more + slower, growth)
         if sec < self.min_seconds:
-            self.checked["checkpoint"] = f"{n_w} saves, {sec_w:.0f} s blocking, no more than before"
+            self.checked["checkpoint"] = (
+                f"{n_w} saves blocked {sec_w:.0f} s of the window, no more than the baseline's "
+                f"{usual:.0f} s per window"
+                if growth <= 0
+                else f"{n_w} saves blocked {sec_w:.0f} s of the window (the baseline's rate: {usual:.0f} s), "
+                f"under the {self.min_seconds:.0f} s that count"
+            )
             return
         parts = [
-            f"{n_w} checkpoint saves blocked {sec_w:.0f} s of the window "
-            f"(before: {sec_b * W / B:.0f} s per window)"
+            f"{n_w} checkpoint saves blocked {sec_w:.0f} s of the window (before: {usual:.0f} s per window)"
         ]
         if slower > 0 and mean_w is not None and mean_b is not None:
             parts.append(f"each slower: {mean_w:.0f} s vs {mean_b:.0f} s")
@@ -663,11 +1015,10 @@ class _Scan:
 
     def _phases(self) -> None:
         """Eval and other marked phases, from the ledger's badput (kept by the central tier)."""
-        W, B = self.W, self.B
         found: dict[str, tuple[float, float]] = {}
         for cause in _PHASE_CAUSES:
             now = self.badput_window.get(cause, 0.0)
-            before = self.badput_baseline.get(cause, 0.0) * W / B
+            before = self.badput_baseline.get(cause, 0.0) * self.scale
             if now - before >= self.min_seconds:
                 found[cause] = (now, before)
         if not found:
@@ -691,12 +1042,15 @@ class _Scan:
         q, W, B = self.q, self.W, self.B
         ranks_w = _scalar(self.ask("ranks", q.ranks(), self.t1))
         ranks_b = _scalar(self.ask("ranks_baseline", q.ranks(), self.t0))
-        st_w, st_b = (_scalar(x) for x in self._pair("steps", q.steps))
+        st_w, st_b = (_scalar(x) for x in self._pair("rank_steps", q.rank_steps))
         tok_w = _scalar(self.ask("tokens", q.tokens(W), self.t1))
         tok_b = _scalar(self.ask("tokens_baseline", q.tokens(B), self.t0))
-        # Per rank, so that a job that lost ranks is not counted twice (fewer ranks, fewer tokens/step).
-        tps_w = tok_w / st_w / ranks_w if tok_w is not None and st_w and ranks_w else None
-        tps_b = tok_b / st_b / ranks_b if tok_b is not None and st_b and ranks_b else None
+        # Per rank-step, so that a job that lost ranks is not counted twice (fewer ranks, fewer
+        # tokens/step), and a rank whose series end in the window (a stopped process its agent cannot
+        # scrape) loses steps with its tokens: tokens over the most steps any rank did, divided by the
+        # ranks reporting, read such a hang as a smaller batch (422 vs 512 tokens/step in a gloo run).
+        tps_w = tok_w / st_w if tok_w is not None and st_w else None
+        tps_b = tok_b / st_b if tok_b is not None and st_b else None
         parts, sec, ev = [], 0.0, []
         if ranks_w and ranks_b and abs(ranks_w / ranks_b - 1) >= _CONFIG_CHANGE:
             parts.append(f"{ranks_w:g} ranks vs {ranks_b:g} before")
@@ -706,8 +1060,12 @@ class _Scan:
             parts.append(f"{tps_w:.4g} tokens/step per rank vs {tps_b:.4g} before")
             sec += W * max(0.0, 1 - tps_w / tps_b)
             ev.append(Evidence("tokens per step per rank", tps_w, tps_b))
-        if not parts:
-            self.checked["job_size"] = f"same ranks ({ranks_w or 0:g}) and tokens per step"
+        if not parts or sec < self.min_seconds:
+            self.checked["job_size"] = (
+                f"same ranks ({ranks_w or 0:g}) and tokens per step"
+                if not parts
+                else "the job changed but did not shrink: " + ", ".join(parts)
+            )
             return
         self.causes.append(
             Cause("job_size", "the job changed: " + ", ".join(parts), sec, TEAMS["job_size"], evidence=ev)
@@ -729,3 +1087,36 @@ class _Scan:
             self.checked["loss"] = "no non-finite loss, no loss above 1.5x its baseline median"
             return
         self.causes.append(Cause("loss", "; ".join(parts), 0.0, TEAMS["loss"], evidence=ev))
+
+
+def _culprits(
+    culprits: list[Sample], waiting: list[Sample], culprit_query: str, waiting_query: str
+) -> tuple[str, list[Evidence]]:
+    """The culprits of a hang as the stall page names them, and the evidence: culprit and waiting ranks."""
+    parts: list[str] = []
+    evidence: list[Evidence] = []
+    for sample in sorted(culprits, key=lambda s: _rank_order(s.labels.get("rank", ""))):
+        lab = sample.labels
+        seq = f"#{sample.value:.0f}" if finite(sample.value) is not None else "#?"
+        at = f"{lab.get('op', '?')} {seq} of group {lab.get('pg', '?')}"
+        victims = sorted(
+            (w.labels.get("rank", "?") for w in waiting if w.labels.get("pg") == lab.get("pg")),
+            key=_rank_order,
+        )
+        listed = ", ".join(victims[:8]) + (f" ({len(victims)} in all)" if len(victims) > 8 else "")
+        who = f"rank{'s' if len(victims) != 1 else ''} {listed} wait{'s' if len(victims) == 1 else ''}"
+        uuid = f", {lab['uuid']}" if lab.get("uuid") else ""
+        where = f"rank {lab.get('rank', '?')} on host {lab.get('instance', '?')}{uuid}"
+        reason = lab.get("reason", "")
+        if reason == "behind":
+            parts.append(f"{where} never reached {at}; {who} in it")
+        elif reason == "gone":
+            parts.append(f"{where} is gone (exited, or its host went away) while {who} in {at}")
+        else:
+            parts.append(f"{where} stopped answering its node agent while {who} in {at}")
+        evidence.append(
+            Evidence(f"culprit ({reason}): collective it holds up", sample.value, None, lab, culprit_query)
+        )
+    for sample in sorted(waiting, key=lambda s: _rank_order(s.labels.get("rank", "")))[:8]:
+        evidence.append(Evidence("waiting in collective", sample.value, None, sample.labels, waiting_query))
+    return "; ".join(parts), evidence

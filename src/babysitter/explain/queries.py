@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from babysitter.catalog import MetricSpec
 from babysitter.catalog import goodput as G
 from babysitter.catalog import node as N
+from babysitter.catalog import runtime as R
 from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.promql import by, eq, growth, join_matchers, select
@@ -56,15 +57,21 @@ class ExplainQueries:
     def _rule(self, record: str, *extra: str) -> str:
         return f"{record}{{{join_matchers(self.matchers, *extra)}}}"
 
+    def _res(self, seconds: float) -> str:
+        """Resolution of a "since when" subquery over ``seconds``: 1/60 of it, 1 s to ``step_seconds``
+        (a fixed minute missed every start inside a window of a few minutes)."""
+        return _r(min(self.step_seconds, max(1.0, seconds / 60)))
+
     # --- throughput and job shape ---------------------------------------------------------------
 
     def tokens(self, seconds: float) -> str:
         """Tokens of the whole job in the range (each rank's share summed)."""
         return f"sum(increase({self._t(T.TOKENS)}[{_r(seconds)}]))"
 
-    def steps(self, seconds: float) -> str:
-        """Optimizer steps in the range (every rank does every step: the most any rank did)."""
-        return f"max(increase({self._t(T.STEPS)}[{_r(seconds)}]))"
+    def rank_steps(self, seconds: float) -> str:
+        """Steps in the range summed over the ranks: with :meth:`tokens`, tokens per step per rank over
+        the samples each rank has (a rank whose series end in the range loses as many steps as tokens)."""
+        return f"sum(increase({self._t(T.STEPS)}[{_r(seconds)}]))"
 
     def model_flops(self, seconds: float) -> str:
         """Model FLOPs of the ranks with a known peak in the range."""
@@ -99,6 +106,22 @@ class ExplainQueries:
         """Each rank's mean step time over the range (its stepping time only)."""
         return self._finite_mean(self.rules.rank_step_mean, seconds)
 
+    def rank_step_median(self, seconds: float) -> str:
+        """Each rank's median step time over the range: a stuck step in the rule's rate window (the
+        end of a hang) skews the mean of a short range, not its median."""
+        rule = self._rule(self.rules.rank_step_mean)
+        return f"quantile_over_time(0.5, ({rule} == {rule})[{_r(seconds)}:{_r(seconds / 60)}])"
+
+    def rank_step_ratio_median(self, seconds: float) -> str:
+        """Each rank's median step time over the median rank's, over the range."""
+        rule = self._rule(self.rules.rank_step_ratio)
+        return f"quantile_over_time(0.5, ({rule} == {rule})[{_r(seconds)}:{_r(seconds / 60)}])"
+
+    def first_seen(self, seconds: float) -> str:
+        """When the run first had series in the range (a run younger than the range covers less)."""
+        steps = f"max({self._t(T.STEPS)})"
+        return f"min_over_time(timestamp({steps})[{_r(seconds)}:{self._res(seconds)}])"
+
     def rank_step_ratio(self, seconds: float) -> str:
         """Each rank's step time over the median rank's, averaged over the range (stepping time only)."""
         return self._finite_mean(self.rules.rank_step_ratio, seconds)
@@ -106,7 +129,30 @@ class ExplainQueries:
     def straggling_since(self, seconds: float) -> str:
         """When each rank first stepped slower than the straggler threshold in the range."""
         ratio = f"{self._rule(self.rules.rank_step_ratio)} > {self.cfg.straggler_ratio:g}"
-        return f"min_over_time(timestamp({ratio})[{_r(seconds)}:{self.step_seconds}s])"
+        return f"min_over_time(timestamp({ratio})[{_r(seconds)}:{self._res(seconds)}])"
+
+    # --- collectives (torch's flight recorder): lockstep stragglers and the culprit of a hang ----------
+
+    def straggler_score(self, seconds: float) -> str:
+        """Each rank's in-process straggler score (collective arrival where the recorder is on),
+        averaged over the range."""
+        return f"avg_over_time({self._t(R.STRAGGLER_SCORE)}[{_r(seconds)}])"
+
+    def collective_lag(self, seconds: float) -> str:
+        """How much later than the median rank each rank arrives at collectives, averaged over the range."""
+        return f"avg_over_time({self._t(R.COLLECTIVE_LAG)}[{_r(seconds)}])"
+
+    def rank_host(self, seconds: float) -> str:
+        """Each rank's host and GPU (the host rule), seen in the range."""
+        return f"last_over_time({self._rule(self.rules.collectives.host)}[{_r(seconds)}])"
+
+    def culprit(self, seconds: float) -> str:
+        """The ranks a hang in the range waited for (the culprit rule), with their host, GPU, collective."""
+        return f"last_over_time({self._rule(self.rules.collectives.culprit)}[{_r(seconds)}])"
+
+    def waiting(self, seconds: float) -> str:
+        """The ranks that waited in a collective in the range, and which."""
+        return f"last_over_time({self._rule(self.rules.collectives.waiting)}[{_r(seconds)}])"
 
     def throttle(self, seconds: float) -> str:
         """Fraction of the range each throttling reason was active on each rank's GPU."""
@@ -115,7 +161,7 @@ class ExplainQueries:
     def throttled_since(self, seconds: float) -> str:
         """When each throttling reason of each rank's GPU was first active in the range."""
         active = f"{self._rule(self.rules.rank_gpu_throttle)} > 0"
-        return f"min_over_time(timestamp({active})[{_r(seconds)}:{self.step_seconds}s])"
+        return f"min_over_time(timestamp({active})[{_r(seconds)}:{self._res(seconds)}])"
 
     def sm_clock(self, seconds: float) -> str:
         """Mean SM clock of each rank's GPU over the range."""
@@ -143,9 +189,7 @@ class ExplainQueries:
         """When each of the run's GPUs was first seen lost in the window."""
         up = select(N.GPU_UP, self.cfg.node_selector, 'uuid!=""')
         lost = f"timestamp({up} == 0)"
-        return (
-            f"min_over_time({lost}[{_r(window)}:{self.step_seconds}s])\nand {self._of_run(window + memory)}"
-        )
+        return f"min_over_time({lost}[{_r(window)}:{self._res(window)}])\nand {self._of_run(window + memory)}"
 
     # --- where the time went (counters) -----------------------------------------------------------
 

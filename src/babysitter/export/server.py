@@ -11,7 +11,8 @@ a new one, so a scraper that sends its request promptly is served however many i
 arrive.
 
 HTTP/1.1 with ``Connection: close``, GET and HEAD; the body is what prometheus_client renders for
-the Accept header (text or OpenMetrics), gzip when the client accepts it, ``name[]`` filtering.
+the Accept header (text or OpenMetrics), or always the text format from the server's own ``render``
+(the node agent: :mod:`babysitter.export.text`), gzip when the client accepts it, ``name[]`` filtering.
 
 A :class:`Handler` (the remediator's webhook) adds other paths and methods: it sees each request head
 in the selector thread first and may answer it at once (a missing token, a length it will not take)
@@ -38,12 +39,15 @@ import ssl
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+
+from babysitter.export.text import CONTENT_TYPE as TEXT_CONTENT_TYPE
 
 __all__ = ["Handler", "MetricsServer", "Request", "Response", "tls_context"]
 
@@ -164,6 +168,7 @@ class MetricsServer:
         write_timeout: float = 30.0,
         name: str = "babysitter-http",
         handler: Handler | None = None,
+        render: Callable[[], bytes] | None = None,
     ) -> None:
         if workers < 1 or max_connections < 1 or max_queued < 1:
             raise ValueError("workers, max_connections and max_queued must be >= 1")
@@ -171,6 +176,8 @@ class MetricsServer:
             raise ValueError("request and write timeouts must be positive")
         self.registry = registry
         self.handler = handler
+        #: When given, every unfiltered metrics response is what it returns, in the text format 0.0.4.
+        self.render = render
         #: TLS handshakes that failed (no or a bad client certificate, plain HTTP on a TLS port).
         self.tls_failures = 0
         self._ssl = ssl_context
@@ -494,8 +501,11 @@ class MetricsServer:
         names = parse_qs(url.query).get("name[]")
         if names:
             registry = registry.restricted_registry(names)
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        body = bytes(encoder(registry))
+        if self.render is not None and not names:
+            body, content_type = self.render(), TEXT_CONTENT_TYPE
+        else:
+            encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+            body = bytes(encoder(registry))
         extra: list[tuple[str, str]] = []
         if "gzip" in request.headers.get("accept-encoding", "").lower():
             body = gzip.compress(body, compresslevel=6)

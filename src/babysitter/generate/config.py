@@ -24,7 +24,7 @@ _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 def parse_duration(text: str) -> int:
     """Seconds in a Prometheus duration made of h/m/s parts (``"1h30m"``); ValueError otherwise."""
-    match = _DURATION.match(text)
+    match = _DURATION.fullmatch(text)
     if not text or match is None:
         raise ValueError(f"not a duration (use h/m/s parts, e.g. '1h30m'): {text!r}")
     hours, minutes, seconds = (int(part) if part else 0 for part in match.groups())
@@ -88,6 +88,9 @@ class GenerateConfig:
     stall_lookback_window: str = "6h"
     #: Extra wait before paging once the threshold is crossed (the threshold already is the grace period).
     stall_for: str = "0s"
+    #: During a stall, a rank whose node agent could not fetch its metrics for this long counts as
+    #: stopped (a culprit the page names, ``generate/collectives.py``); one failed fetch is noise.
+    culprit_silent_for: str = "1m"
 
     #: Window in which a training process that died without unregistering warns.
     trainer_exit_window: str = "10m"
@@ -149,6 +152,9 @@ class GenerateConfig:
     checkpoint_slow_window: str = "2h"
     #: The sentinel reports a missing checkpoint for this long before paging (an in-flight rename).
     checkpoint_missing_for: str = "2m"
+    #: Seconds between the node agents' checkpoint sentinel passes (their --checkpoint-interval): the
+    #: dashboards turn its per-pass digest budget into bytes per second.
+    sentinel_pass_seconds: float = 30.0
     #: The advisor's alert: the current interval is off by more than this factor from the advice...
     checkpoint_advice_factor: float = 2.0
     #: ...and the expected goodput at the advice is higher by more than this (0..1)...
@@ -172,6 +178,9 @@ class GenerateConfig:
     #: logged once) is noise; a failure that keeps coming back is not.
     trainer_failing_window: str = "10m"
     trainer_failing_for: str = "15m"
+    #: How long a run's rank may be claimed on two hosts before warning (a rank restarted elsewhere
+    #: overlaps its old host for a scrape at most: the old process is dead before the new one starts).
+    claimed_twice_for: str = "5m"
 
     # --- GPU health -------------------------------------------------------------------------------
     #: Xid window: any new Xid in it fires; also how long an Xid alert stays up after the last one.
@@ -205,6 +214,55 @@ class GenerateConfig:
     throttle_window: str = "10m"
     #: How long throttling must be sustained before warning.
     throttle_for: str = "15m"
+
+    # --- the fabric and the host (docs/fabric.md) --------------------------------------------------
+    #: An InfiniBand/RoCE port down (state below Active) this long pages: a port down longer than the
+    #: transport's timeout (about 7 s) has already torn the job's NCCL connections.
+    fabric_port_down_for: str = "1m"
+    #: Only a port that was Active within this window pages when down: a port never cabled does not.
+    fabric_port_memory: str = "24h"
+    #: Any growth of ``link_downed`` (or of the link-integrity counters) in this window pages, and the
+    #: page stays up this long after the last one (NVIDIA NVSentinel: link_downed growing is fatal).
+    fabric_link_downed_window: str = "15m"
+    #: A port flaps when ``link_downed`` grows this many times (or its netdev's carrier changes twice
+    #: as many) within ``fabric_flap_window`` (NVSentinel's link-flap rule: 3 in 10 minutes).
+    fabric_flap_count: int = 3
+    fabric_flap_window: str = "10m"
+    #: Symbol errors per hour above which a link fails the IBTA bit-error budget (1e-12 at the port's
+    #: rate: 120 per hour, NVSentinel's threshold).
+    fabric_symbol_errors_per_hour: float = 120.0
+    #: Link error recoveries per minute, averaged over ``fabric_recovery_window``, that make a storm
+    #: (NVSentinel: above 5 per minute is degradation).
+    fabric_recoveries_per_minute: float = 5.0
+    fabric_recovery_window: str = "5m"
+    #: A port's expected signalling rate in Gb/s (400 for NDR, the H100/H200/B200 SKUs' ports); 0: compare
+    #: each port with the other active ports of its host and link layer only.
+    fabric_expected_rate_gbps: float = 0.0
+    #: How long a port must run slower than its peers (or its expected rate) before warning.
+    fabric_slow_for: str = "10m"
+    #: How long a PCIe link must run below its maximum width (or speed, under load) before warning.
+    pcie_degraded_for: str = "10m"
+    #: A GPU counts as under load, so that a PCIe speed below its maximum means something, above this
+    #: utilization (GPUs drop to 2.5 GT/s when idle).
+    pcie_busy_utilization: float = 0.5
+    #: Window in which a new fatal or non-fatal AER error fires (and how long the alert stays up).
+    pcie_aer_window: str = "15m"
+    #: Window in which a new uncorrectable host-memory (EDAC) error pages.
+    host_memory_ue_window: str = "15m"
+    #: Correctable host-memory errors rise when at least ``host_ce_min`` came in ``host_ce_window`` and
+    #: that is more than ``host_ce_factor`` times their rate over the ``host_ce_baseline`` before it.
+    host_ce_window: str = "1h"
+    host_ce_min: int = 10
+    host_ce_factor: float = 2.0
+    host_ce_baseline: str = "6h"
+    #: A CPU package throttles when its thermal throttle counts grew in every ``cpu_throttle_window`` for
+    #: ``cpu_throttle_for``.
+    cpu_throttle_window: str = "10m"
+    cpu_throttle_for: str = "15m"
+    #: Window in which a kernel line before trouble (soft lockup, hung task, mlx5 timeout...) warns.
+    kernel_trouble_window: str = "15m"
+    #: Kernel-log patterns counted but never alerted on (corrected PCIe errors are routine noise).
+    kernel_trouble_ignore: tuple[str, ...] = ("pcie_bus_error_corrected",)
 
     # --- dcgm-exporter mode (alerts/babysitter-dcgm-exporter-rules.yaml, docs/dcgm-exporter.md) -------
     #: Matchers selecting dcgm-exporter's series (e.g. ``job="dcgm-exporter"``); empty: wherever they are.
@@ -240,10 +298,10 @@ class GenerateConfig:
 
     def __post_init__(self) -> None:
         for name in ("cluster_label", "rack_label"):
-            if not _LABEL.match(getattr(self, name)):
+            if not _LABEL.fullmatch(getattr(self, name)):
                 raise ValueError(f"{name} is not a Prometheus label name: {getattr(self, name)!r}")
         for label in self.run_labels:
-            if not _LABEL.match(label) or label in (self.cluster_label, "run", "rank", "le", "quantile"):
+            if not _LABEL.fullmatch(label) or label in (self.cluster_label, "run", "rank", "le", "quantile"):
                 raise ValueError(f"run_labels: {label!r} is not a free label name")
         for item in fields(self):
             value = getattr(self, item.name)
@@ -264,6 +322,20 @@ class GenerateConfig:
             raise ValueError(
                 "dashboard colours: need 0 < checkpoint_age_warn_seconds and "
                 "gpu_temperature_warm < gpu_temperature_hot"
+            )
+        if not 0.0 < self.pcie_busy_utilization < 1.0:
+            raise ValueError("pcie_busy_utilization must lie strictly between 0 and 1")
+        if (
+            self.fabric_flap_count < 1
+            or self.host_ce_min < 1
+            or self.host_ce_factor <= 1.0
+            or self.fabric_expected_rate_gbps < 0
+            or self.fabric_symbol_errors_per_hour <= 0
+            or self.fabric_recoveries_per_minute <= 0
+        ):
+            raise ValueError(
+                "fabric thresholds: need fabric_flap_count >= 1, host_ce_min >= 1, host_ce_factor > 1, "
+                "fabric_expected_rate_gbps >= 0 and positive error rates"
             )
         if self.straggler_ratio <= 1.0:
             raise ValueError("straggler_ratio must be above 1")
@@ -306,6 +378,7 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         stall_baseline_window="2m",
         stall_lookback_window="5m",
         stall_for="0s",
+        culprit_silent_for="5s",
         target_down_for="10s",
         rack_silent_window="10s",
         rack_lookback_window="5m",
@@ -331,6 +404,7 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         collector_failing_for="10s",
         trainer_failing_window="30s",
         trainer_failing_for="30s",
+        claimed_twice_for="10s",
         xid_window="1m",
         gpu_down_for="5s",
         ecc_window="1m",
@@ -339,6 +413,20 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         throttle_for="15s",
         nonfinite_window="1m",
         remediation_window="1m",
+        fabric_port_down_for="5s",
+        fabric_port_memory="5m",
+        fabric_link_downed_window="1m",
+        fabric_flap_window="1m",
+        fabric_recovery_window="30s",
+        fabric_slow_for="10s",
+        pcie_degraded_for="10s",
+        pcie_aer_window="1m",
+        host_memory_ue_window="1m",
+        host_ce_window="1m",
+        host_ce_baseline="5m",
+        cpu_throttle_window="30s",
+        cpu_throttle_for="15s",
+        kernel_trouble_window="1m",
     )
 
 

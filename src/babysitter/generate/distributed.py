@@ -62,11 +62,14 @@ class AgentSettings:
     scrape_interval: str = "15s"
     #: Above the node agent's own collector deadline (10 s), below the interval.
     scrape_timeout: str = "12s"
-    #: GPUs and training ranks per host the sample limit is sized for.
+    #: GPUs and InfiniBand/RoCE ports per host the sample limit is sized for (and a PCIe device per GPU
+    #: and per port); the host's trainers have their own hard bound (BUDGET.trainers).
     gpus_per_node: int = 8
-    ranks_per_node: int = 8
-    #: Headroom over the series budget before a target's scrape is refused: a refused scrape loses
-    #: every series of the host (and pages NodeAgentDown), so it only stops a runaway exporter.
+    ports_per_node: int = 8
+    #: Headroom over the host's own series budget before a target's scrape is refused: a refused
+    #: scrape loses every series of the host (and pages NodeAgentDown), so it only stops a runaway
+    #: exporter. The trainers' share is the agent's own hard bound (BUDGET.trainers), added whole: a
+    #: user's trainers, however many series they serve, must never push the host over the limit.
     sample_limit_factor: float = 2.0
     #: Where remote_write sends; the central tier's push endpoint (see exporters/README.md).
     remote_write_url: str = "https://metrics.example.internal/api/v1/push"
@@ -74,7 +77,8 @@ class AgentSettings:
     @property
     def sample_limit(self) -> int:
         """Samples one host's node agent target may serve per scrape."""
-        return round(per_node(self.gpus_per_node, self.ranks_per_node) * self.sample_limit_factor)
+        own = per_node(self.gpus_per_node, 0, ports=self.ports_per_node)
+        return round(own * self.sample_limit_factor) + BUDGET.trainers
 
 
 def exposed_names(spec: MetricSpec) -> tuple[str, ...]:
@@ -156,8 +160,7 @@ def agent_config(cfg: GenerateConfig, settings: AgentSettings | None = None) -> 
     drop = dropped_metrics(cfg)
     node_job: dict[str, object] = {
         "job_name": "babysitter-node",
-        # The trainers' own run/rank labels (served through the node agent) stay as they are.
-        "honor_labels": True,
+        # No honor_labels: instance and job are the scrape's, never a trainer's (docs/security.md).
         "scrape_interval": s.scrape_interval,
         "scrape_timeout": s.scrape_timeout,
         "sample_limit": s.sample_limit,
@@ -173,7 +176,11 @@ def agent_config(cfg: GenerateConfig, settings: AgentSettings | None = None) -> 
                 "source_labels": ["__name__"],
                 "regex": "|".join(re.escape(name) for name in drop),
                 "action": "drop",
-            }
+            },
+            # The cluster and rack come from the external labels alone, which never override a
+            # label a series already has: a trainer's own value would otherwise put its series in
+            # another cluster centrally. A trainer's value of a target label is dropped too.
+            {"action": "labeldrop", "regex": f"exported_.*|{cfg.cluster_label}|{rack_label()}"},
         ],
     }
     self_job: dict[str, object] = {
@@ -230,9 +237,13 @@ def mimir_rules(cfg: GenerateConfig) -> dict[str, object]:
 def budget_comment() -> tuple[str, ...]:
     """Comment lines that say where the sample limit comes from."""
     s = AgentSettings()
+    devices = s.gpus_per_node + s.ports_per_node
     return (
-        f"sample_limit {s.sample_limit} = {s.sample_limit_factor:g} x the series budget of a host with "
-        f"{s.gpus_per_node} GPUs and {s.ranks_per_node} ranks",
-        f"({BUDGET.host} host + {s.gpus_per_node} x {BUDGET.gpu} per GPU + {s.ranks_per_node - 1} x "
-        f"{BUDGET.rank} per rank + {BUDGET.rank0} for rank 0; src/babysitter/catalog/budget.py).",
+        f"sample_limit {s.sample_limit} = {s.sample_limit_factor:g} x the own series budget of a host with "
+        f"{s.gpus_per_node} GPUs and {s.ports_per_node} fabric ports",
+        f"({BUDGET.host} host + {s.gpus_per_node} x {BUDGET.gpu} per GPU",
+        f"+ {s.ports_per_node} x {BUDGET.fabric_port} per port + {devices} x {BUDGET.pcie_device} per PCIe "
+        f"device + {s.gpus_per_node} x {BUDGET.gpu_nic} GPU-NIC + {BUDGET.host_hardware} host hardware)",
+        f"+ {BUDGET.trainers} for all its trainers, the node agent's hard bound on them "
+        "(src/babysitter/catalog/budget.py).",
     )

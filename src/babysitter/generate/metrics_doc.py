@@ -74,25 +74,39 @@ def _budget() -> list[str]:
             m.host,
             m.host_before,
         ),
+        ("an InfiniBand/RoCE port (default counters)", b.fabric_port, m.fabric_port, 0),
+        ("a watched PCIe device (a GPU or a NIC function)", b.pcie_device, m.pcie_device, 0),
+        ("a GPU's nearest-NIC info", b.gpu_nic, m.gpu_nic, 0),
+        (
+            "a host's hardware (EDAC, CPU thermal, kernel-log patterns, sysfs collectors' health)",
+            b.host_hardware,
+            m.host_hardware,
+            0,
+        ),
     )
+    fabric = 8 * m.fabric_port + 16 * m.pcie_device + 8 * m.gpu_nic + m.host_hardware
+    asked = 8 * m.fabric_port + 10 * m.pcie_device + 8 * m.gpu_nic + m.host_hardware
     return [
         "## Series budget",
         "",
         "What one exporter may serve with the default collectors (`src/babysitter/catalog/budget.py`), and",
         "what it serves: `tests/test_series_budget.py` scrapes a real tracker on rank 0 and on rank 1",
         "(after steps, a checkpoint save, a load and an eval phase) and a real node agent with 8 simulated",
-        "GPUs, one storage path and one sentinel run, fails over the budget, and fails when the counts",
-        "below are out of date. Before: the same test run against the code before the budget",
-        "(commit 16f5ca2).",
+        "GPUs, one storage path and one sentinel run, reading the fabric of a fake HGX-like host (8 GPUs",
+        "and 8 single-port NICs: 8 ports, 16 PCIe devices, 2 memory controllers, 2 CPU packages), fails",
+        "over the budget, and fails when the counts below are out of date. Before: the same test run",
+        "against the code before the budget (commit 16f5ca2); the fabric and host rows are new (0 before).",
         "",
         "| exporter | budget | measured | before |",
         "|---|---|---|---|",
         *(f"| {what} | {limit} | {now} | {before} |" for what, limit, now, before in rows),
         "",
-        f"At 16,384 GPUs (2,048 hosts of 8 GPUs and 8 ranks) the budget bounds the fleet at "
+        f"At 16,384 GPUs (2,048 hosts of 8 GPUs, 8 ranks and 8 fabric ports) the budget bounds the fleet at "
         f"{budget.per_node() * 2048:,} active series; the measured counts come to "
-        f"{(m.host + 8 * m.gpu + 7 * m.rank + m.rank0) * 2048:,} "
-        f"(before: {(m.host_before + 8 * m.gpu_before + 7 * m.rank_before + m.rank0_before) * 2048:,}).",
+        f"{(m.host + 8 * m.gpu + 7 * m.rank + m.rank0 + fabric) * 2048:,} "
+        f"(before: {(m.host_before + 8 * m.gpu_before + 7 * m.rank_before + m.rank0_before) * 2048:,}), of "
+        f"which the fabric and the host's hardware are {fabric * 2048:,} ({fabric} per host; a host with 8 "
+        f"ports and 10 PCIe devices adds {asked}).",
         "Series marked *rank 0 only* below are the run's view (identical on every rank of a synchronous",
         "job); every other tracker series is exported by every rank.",
         "",

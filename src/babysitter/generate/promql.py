@@ -22,6 +22,7 @@ __all__ = [
     "record_name",
     "regex",
     "select",
+    "total_growth",
 ]
 
 _RECORD = re.compile(r"^[a-z_]+:[a-z_][a-z0-9_]*:[a-z0-9_]+$")
@@ -73,7 +74,7 @@ def record_name(level: Sequence[str], metric: str, operation: str) -> str:
     ``level`` lists the labels the result keeps besides the cluster label, which every rule keeps.
     """
     name = f"{'_'.join(level)}:{metric}:{operation}"
-    if not _RECORD.match(name):
+    if not _RECORD.fullmatch(name):
         raise ValueError(f"bad recording rule name {name!r}")
     return name
 
@@ -81,21 +82,16 @@ def record_name(level: Sequence[str], metric: str, operation: str) -> str:
 def new_or_increased(selector: str, window: str, memory: str = "6h") -> str:
     """Series whose counter grew within ``window``, including growth across a gap in the scrapes.
 
-    ``increase()`` needs two samples, so a counter created at 1 (the first Xid of a GPU) would never
-    show an increase. The other branches compare the value now with the last one seen before the
-    window, looking back ``memory``: no value then means a new series (all of it is new); a higher
-    one, growth across a gap longer than the window (an agent down, counting its kernel log at
-    start); a lower one, a reset (a node reboot: all of it is new). The same value after a gap (a
-    failed scrape, an agent restart) is nothing new. ``offset`` alone would miss the earlier value
-    whenever a stale marker lands at the offset, and page again for Xids already paged.
+    What :func:`growth` counts (a new series entirely, growth across a gap longer than the window:
+    an agent down, counting its kernel log at start; after a reset, all of it), plus a counter that
+    was reset in the window and has grown back to at least its old value (all of it since the reset
+    is new). The same value after a gap (a failed scrape, an agent restart) is nothing new.
+
+    Engine-neutral on purpose: ``increase()`` is not used, because it extrapolates on Prometheus
+    (a page said "1.017 Xids") and counts a new series' first value from zero on VictoriaMetrics
+    where Prometheus ignores it; ``resets()`` never counts a series' first sample on either engine.
     """
-    before = f"last_over_time({selector}[{memory}] offset {window})"
-    return (
-        f"(increase({selector}[{window}]) > 0"
-        f" or ({selector} > 0 unless {before})"
-        f" or ({selector} - {before} > 0)"
-        f" or (({selector} < {before}) > 0))"
-    )
+    return f"({growth(selector, window, memory)} or ({selector} > 0 and resets({selector}[{window}]) > 0))"
 
 
 def growth(selector: str, window: str, memory: str = "6h") -> str:
@@ -103,9 +99,40 @@ def growth(selector: str, window: str, memory: str = "6h") -> str:
     seen before the window (within ``memory``); all of it for a series born in the window or reset.
 
     Unlike ``increase()`` it does not extrapolate to the window's edges, so summing its values at
-    ``window`` intervals counts discrete events (Xid errors) once each, however sparse the samples.
+    ``window`` intervals counts discrete events (Xid errors) once each, however sparse the samples,
+    and it means the same on Prometheus and VictoriaMetrics (``last_over_time`` and ``offset`` do). A
+    value that stale markers remove at the offset is still found: ``last_over_time`` looks back
+    ``memory``, where ``offset`` alone would miss it and page again for Xids already paged.
     """
     before = f"last_over_time({selector}[{memory}] offset {window})"
     return (
         f"(({selector} - {before}) > 0 or ({selector} > 0 unless {before}) or (({selector} < {before}) > 0))"
     )
+
+
+def total_growth(selector: str, key: Sequence[str], per: Sequence[str], window: str, memory: str) -> str:
+    """How much a total carried across restarts grew in the last ``window``, exactly, 0 included.
+
+    ``selector`` picks counters that continue across restarts (the ledger's: a new incarnation's
+    series starts at the old one's total, under another ``instance``). ``per`` are the labels of one
+    such total (the run's and, for badput, the cause), ``key`` those of the result. Each total is the
+    largest of its incarnations' series (the newest, even while an old one has not gone stale yet),
+    now and at the last value before the window (within ``memory``, so a window that starts while the
+    run was down still finds one); the result sums the totals' differences by ``key``. A total born
+    in the window counts from zero (a run's first hang, its startup badput); a run with no total
+    before the window counts whole (it is younger than the window); one whose total fell (its ledger
+    was lost) counts what it holds now.
+
+    Why not ``sum(increase(...))``: over a run younger than the window Prometheus ignores a series'
+    first value while VictoriaMetrics counts it from zero when it is small (a young run's startup
+    badput was 0.1 s on one engine, 4 s on the other); across a restart each engine guessed at the new
+    series' first value again. This reads ``max``, ``last_over_time`` and ``offset``, which mean the
+    same on both.
+    """
+
+    def total(series: str) -> str:
+        one = f"max {by(per)} ({series})"
+        return one if tuple(per) == tuple(key) else f"sum {by(key)} ({one})"
+
+    now, before = total(selector), total(f"last_over_time({selector}[{memory}] offset {window})")
+    return f"(\n  ({now}\n  - {before}) >= 0\n  or ({now} unless {before})\n  or ({now} < {before})\n)"

@@ -3,21 +3,42 @@
 Every rule keeps the cluster label plus its level's labels, so one Prometheus (or Thanos/Mimir) can
 hold many clusters and the scorecard compares them side by side. Windows come from the config, and
 rule names carry their window, so the default and the fast profile never mix series.
+
+The rules mean the same on Prometheus and on vmalert/VictoriaMetrics (tests/test_victoriametrics.py
+compares every rule's output; docs/victoriametrics.md says what still differs). Writing a rule:
+
+- no ``increase()``, ``changes()``, ``delta()`` or ``irate()`` where the value or the firing matters
+  (the engines count a series' first sample differently, and only Prometheus extrapolates): growth
+  of a counter is ``promql.growth`` (``promql.total_growth`` for the ledger's totals that continue
+  across restarts), "did it grow" is ``promql.new_or_increased``, "how many changes" is ``resets()``
+  of something that drops at each change;
+- ``rate()`` for steady-state throughput only, never to tell that something stopped (its decay
+  differs): a stop is a timestamp's age (``time()`` minus the last step's time) or a clock
+  the exporter keeps;
+- a window longer than a series' life says what a series born inside it counts, and handles "no
+  value before the window" explicitly (``unless last_over_time(...)``);
+- a page must not hinge, within seconds, on another rule's result for a brand-new series
+  (VictoriaMetrics shows new series up to 10 s late; vmalert reads rules' results a flush late);
+- each new rule gets its tolerance in ``TOLERANCE`` of tests/test_victoriametrics.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from babysitter.catalog import fabric as F
 from babysitter.catalog import goodput as G
 from babysitter.catalog import node as N
 from babysitter.catalog import probe as P
+from babysitter.catalog import runtime as R
 from babysitter.catalog import storage as S
 from babysitter.catalog import train as T
-from babysitter.generate.config import GenerateConfig
-from babysitter.generate.promql import by, eq, growth, record_name, regex, select
+from babysitter.generate.collectives import CollectiveRecords, collective_rules, collective_tests
+from babysitter.generate.config import GenerateConfig, parse_duration
+from babysitter.generate.promql import by, eq, growth, record_name, regex, select, total_growth
+from babysitter.generate.rules_fabric import fabric_rules
 
-__all__ = ["LIKELY_CAUSES", "Records", "recording_groups", "recording_rules"]
+__all__ = ["LIKELY_CAUSES", "Records", "recording_groups", "recording_rules", "recording_window_tests"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +46,11 @@ class Records:
     """Names of the recording rules for one config, plus the label sets they keep."""
 
     cfg: GenerateConfig
+
+    @property
+    def collectives(self) -> CollectiveRecords:
+        """The collective rules: waiting ranks, the culprits of a hang, each rank's host and GPU."""
+        return CollectiveRecords(self.cfg)
 
     @property
     def run_key(self) -> tuple[str, ...]:
@@ -257,6 +283,31 @@ class Records:
         """Devices of a cluster its last probes flagged as lemons in any check."""
         return record_name(["cluster"], P.PROBE_DEVICE_LEMON.name, "sum")
 
+    # --- the fabric and the host (generate/rules_fabric.py, docs/fabric.md)
+
+    @property
+    def host_fabric_errors(self) -> str:
+        """Fabric errors new on each host in the rate window: InfiniBand/RoCE port error counters, netdev
+        carrier changes and uncorrectable PCIe AER errors together (0 on a host that has none)."""
+        return record_name(["instance"], "fabric_errors", f"new{self.cfg.rate_window}")
+
+    @property
+    def rank_nic(self) -> str:
+        """1 per rank and nearest NIC port of its GPU (the agent's GPU-to-NIC info joined on uuid): the
+        port's host target (``instance``), ``device``, ``port``, ``nic_pci_address``, the GPU's
+        ``gpu_pci_address`` and the ``link`` between them."""
+        return record_name(["run", "rank"], "fabric_nic", "info")
+
+    @property
+    def rank_nic_errors(self) -> str:
+        """Error counters and carrier changes new on each rank's NIC port in the rate window (0 when none)."""
+        return record_name(["run", "rank"], F.IB_PORT_ERRORS.base_name, f"new{self.cfg.rate_window}")
+
+    @property
+    def rank_pcie_width(self) -> str:
+        """The lowest current/maximum PCIe width of each rank's GPU and NIC links (1: all at full width)."""
+        return record_name(["run", "rank"], F.PCIE_LINK_WIDTH.name, "min_ratio")
+
 
 def _rule(record: str, expr: str) -> dict[str, object]:
     return {"record": record, "expr": expr}
@@ -302,20 +353,33 @@ def _training_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
         ),
     ]
     gw = cfg.goodput_window
+    # The ledger's totals continue across restarts: their exact growth, not increase() (total_growth).
     rules += [
-        _rule(r.productive_window, f"sum {run} (increase({select(G.PRODUCTIVE_SECONDS, ts)}[{gw}]))"),
-        _rule(r.badput_window, f"sum {run} (increase({select(G.BADPUT_SECONDS, ts)}[{gw}]))"),
+        _rule(
+            r.productive_window, total_growth(select(G.PRODUCTIVE_SECONDS, ts), r.run_key, r.run_key, gw, gw)
+        ),
+        _rule(
+            r.badput_window,
+            total_growth(select(G.BADPUT_SECONDS, ts), r.run_key, (*r.run_key, "cause"), gw, gw),
+        ),
         _rule(r.goodput_window, f"{r.productive_window}\n/\n({r.productive_window} + {r.badput_window})"),
     ]
     cw = cfg.checkpoint_interval_window
     last = select(T.CKPT_LAST_SUCCESS, ts)
-    # Span of the save timestamps seen in the window over the number of saves in it; a window without a
-    # save yields no sample (0/0 is NaN and fails the > 0 filter), so the alert falls back to its maximum.
+    # Span of the save timestamps seen in the window over the number of saves in it after the first
+    # one seen; a window without a save yields no sample (0/0 is NaN and fails the > 0 filter), so the
+    # alert falls back to its maximum. A save is where the checkpoint's age (time() - last save) drops:
+    # resets() of the age never counts a series' first sample on either engine, where changes() of
+    # the timestamp counts it on VictoriaMetrics when the series starts inside the window (a run's
+    # first hours: 6 saves of 60 s read as 7, a 51 s interval). Span and count read the same points,
+    # the window sampled at its 1/360th (1 min of 6 h; saves closer together count once): a save after
+    # the last point must be in neither (Prometheus evaluates between the points, vmalert on them).
+    step = f"{cw}:{max(parse_duration(cw) // 360, 1)}s"
     rules.append(
         _rule(
             r.checkpoint_interval,
-            f"max {run} (\n  (max_over_time({last}[{cw}]) - min_over_time({last}[{cw}]))\n"
-            f"  / changes({last}[{cw}])\n  > 0\n)",
+            f"max {run} (\n  (max_over_time({last}[{step}]) - min_over_time({last}[{step}]))\n"
+            f"  / resets((time() - {last})[{step}])\n  > 0\n)",
         )
     )
     rules.append(_rule(r.cluster_ranks, f"count by ({cfg.cluster_label}) ({select(T.STEPS, ts)})"))
@@ -472,7 +536,15 @@ def _likely_cause_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, objec
         "straggler": (
             f"{host(f'{lost} > {m:g} unless {on_rank} {throttled}')}\n"
             f"or on ({', '.join(r.run_key)})\n"
-            f"max {run} (1 - 1 / ({r.rank_step_ratio} > {cfg.straggler_ratio:g})) > {m:g}"
+            f"max {run} (1 - 1 / ({r.rank_step_ratio} > {cfg.straggler_ratio:g})) > {m:g}\n"
+            # Lockstep runs, where step times are equal: the in-process score from collective arrival,
+            # on the host the rank's info series comes from.
+            f"or on ({', '.join(r.run_key)})\n"
+            + host(
+                f"((1 - 1 / (max {rank} ({select(R.STRAGGLER_SCORE, ts)}) > {cfg.straggler_ratio:g}))"
+                f" > {m:g})\n* {on_rank} group_left (instance)\n"
+                f"max {by((*r.rank_key, 'instance'))} ({select(T.INFO, ts)})"
+            )
         ),
         "data_wait": growth_over_median(r.data_wait_worst),
         # The rule sums over ranks: per rank, each blocks for its share of the time.
@@ -506,6 +578,10 @@ _GROUPS = (
     ("babysitter-rollup.rules", _rollup_rules),
     # Reads the rank-GPU and roll-up groups' records.
     ("babysitter-likely-cause.rules", _likely_cause_rules),
+    # A rank joined to its NIC, and the hosts' fabric errors (generate/rules_fabric.py).
+    ("babysitter-fabric.rules", fabric_rules),
+    # Its culprit rule reads the waiting ranks and stuck collectives recorded before it in the group.
+    ("babysitter-collectives.rules", collective_rules),
 )
 
 
@@ -693,6 +769,19 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
             for number, step_sum in (("0", 60), ("1", 60), ("2", 90))
             for part, per_min in (("sum", step_sum), ("count", 60))
         ),
+        # Run r9 steps in lockstep (equal step times), but rank 1's straggler score from collective
+        # arrival is 1.5 (host h9): a straggler there too.
+        *(
+            item
+            for number, score in (("0", "1"), ("1", "1.5"), ("2", "1"))
+            for item in (
+                (_series(R.STRAGGLER_SCORE.name, {**base, "run": "r9", "rank": number}), f"{score}+0x20"),
+                (
+                    _series(T.INFO.name, {**base, "instance": "h9:9400", "run": "r9", "rank": number}),
+                    "1+0x20",
+                ),
+            )
+        ),
         # Run r7's one rank blocks in checkpoint saves 30 s of every minute from minute 3: checkpoint.
         (_series(f"{T.CKPT_SAVE_DURATION.name}_sum", {**base, "run": "r7", "rank": "0"}), "0+0x3 30+30x16"),
         *(
@@ -825,6 +914,16 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
                 (out(r.likely_cause, run="r6", likely_cause="phase", team="training"), 1),
                 (out(r.likely_cause, run="r7", likely_cause="checkpoint", team="training"), 1),
                 (out(r.likely_cause, run="r8", likely_cause="straggler", team="infra"), 1),
+                (
+                    out(
+                        r.likely_cause,
+                        run="r9",
+                        likely_cause="straggler",
+                        likely_host="h9:9400",
+                        team="infra",
+                    ),
+                    1,
+                ),
                 # r4's given series (the last throttling sample is still within the lookback).
                 (out(r.likely_cause, run="r4", likely_cause="data_wait", team="training"), 1),
                 (out(r.likely_cause, run="r4", likely_cause="gpu_throttling", team="infra"), 1),
@@ -841,6 +940,7 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
                 (out(r.likely_team, run="r6", team="training"), 1),
                 (out(r.likely_team, run="r7", team="training"), 1),
                 (out(r.likely_team, run="r8", team="infra"), 1),
+                (out(r.likely_team, run="r9", team="infra"), 1),
             ],
         ),
     ]
@@ -854,6 +954,82 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
                     {
                         "expr": expr,
                         "eval_time": at,
+                        "exp_samples": [{"labels": labels, "value": value} for labels, value in samples],
+                    }
+                    for expr, samples in cases
+                ],
+            },
+            collective_tests(cfg),
+        ],
+    }
+
+
+def recording_window_tests(cfg: GenerateConfig) -> dict[str, object]:
+    """promtool cases for windows over a run older than them, across a restart on another host (default
+    config; 10 min samples and evaluations over 28 h, a file of its own: the 1 min evaluations of the
+    other cases would take seconds here).
+
+    Run g1 trains from 0 h on n1 at 0.8 productive, 0.2 downtime; at 25 h it restarts on n2, its
+    ledger's totals carried over; at 26 h 40 m it hangs a minute of every ten (a badput cause born in
+    the window, counted from its first 60 s). It saves every 30 min. Run g2 starts at 27 h after 45 s of
+    startup. These pin the engine-neutral constructions: exact growth of carried totals
+    (``total_growth``), a save count that ignores a series' first sample (``resets`` of the age).
+    """
+    r = Records(cfg)
+    n1 = {"cluster": "c1", "instance": "n1:9400", "job": "babysitter-node", "run": "g1", "rank": "0"}
+    n2 = {**n1, "instance": "n2:9400"}
+    g2 = {**n2, "run": "g2"}
+    productive, badput = G.PRODUCTIVE_SECONDS.name, G.BADPUT_SECONDS.name
+    series = [
+        (_series(productive, n1), "0+480x150"),
+        (_series(productive, n2), "_x151 72480+480x17"),
+        (_series(badput, {**n1, "cause": "downtime"}), "0+120x150"),
+        (_series(badput, {**n2, "cause": "downtime"}), "_x151 18120+120x17"),
+        (_series(badput, {**n2, "cause": "hang"}), "_x160 60+60x8"),
+        # The time of the last save: every 30 min (3 samples), the value then held.
+        (_series(T.CKPT_LAST_SUCCESS.name, n1), " ".join(f"{1800 * k}+0x2" for k in range(50)) + " 90000"),
+        (
+            _series(T.CKPT_LAST_SUCCESS.name, n2),
+            "_x151 90000+0x1 " + " ".join(f"{1800 * k}+0x2" for k in range(51, 57)),
+        ),
+        (_series(productive, g2), "_x162 0+500x6"),
+        (_series(badput, {**g2, "cause": "startup"}), "_x162 45+0x6"),
+    ]
+
+    def out(record: str, run: str) -> str:
+        return _series(record, {"cluster": "c1", "run": run})
+
+    # At 28 h: g1's productive total 80,640 s (n2), 11,520 s at 4 h (n1): 69,120 s in 24 h; badput
+    # 20,160 - 2,880 = 17,280 s of downtime plus the hang's 540 s (60 + 8 x 60).
+    hang = 60 + 8 * 60
+    cases = [
+        (
+            r.productive_window,
+            [(out(r.productive_window, "g1"), 69120.0), (out(r.productive_window, "g2"), 3000.0)],
+        ),
+        (r.badput_window, [(out(r.badput_window, "g1"), 17280.0 + hang), (out(r.badput_window, "g2"), 45.0)]),
+        (
+            r.goodput_window,
+            [
+                (out(r.goodput_window, "g1"), 69120 / (69120 + 17280 + hang)),
+                (out(r.goodput_window, "g2"), 3000 / 3045),
+            ],
+        ),
+        # Saves every 30 min: each incarnation's series, 3 h of the 6 h window each, counts 6 saves after
+        # the first value it shows (n2's is its birth inside the window, which changes() counts on
+        # VictoriaMetrics).
+        (r.checkpoint_interval, [(out(r.checkpoint_interval, "g1"), 1800.0)]),
+    ]
+    return {
+        "evaluation_interval": "10m",
+        "tests": [
+            {
+                "interval": "10m",
+                "input_series": [{"series": name, "values": values} for name, values in series],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "28h",
                         "exp_samples": [{"labels": labels, "value": value} for labels, value in samples],
                     }
                     for expr, samples in cases

@@ -21,7 +21,8 @@ from babysitter.generate.dashboards import dashboards
 from babysitter.generate.dcgm import dcgm_groups
 from babysitter.generate.distributed import agent_config, budget_comment, mimir_rules
 from babysitter.generate.metrics_doc import render_metrics_doc
-from babysitter.generate.rules import recording_groups, recording_tests
+from babysitter.generate.rules import Records, recording_groups, recording_tests, recording_window_tests
+from babysitter.generate.rules_fabric import fabric_recording_tests
 from babysitter.generate.yamlout import dump
 from babysitter.node.xid.codes import CATALOG as XID_CATALOG
 
@@ -54,6 +55,9 @@ AGENT_CONFIG = "exporters/prometheus-agent.yml"
 MIMIR_RULES = "exporters/central/mimir-rules.yaml"
 #: promtool test of the recording rules; its name cannot clash with an alert's (alerts are CamelCase).
 RECORDING_RULES_TEST = f"{ALERT_TESTS_DIR}/recording-rules.yaml"
+#: Its cases over windows longer than a day (a file of its own: 10 min evaluations).
+RECORDING_WINDOWS_TEST = f"{ALERT_TESTS_DIR}/recording-rules-windows.yaml"
+FABRIC_RULES_TEST = f"{ALERT_TESTS_DIR}/recording-rules-fabric.yaml"
 
 #: Generated files matching these (directory, suffix) pairs that are no longer produced are removed.
 _OWNED = ((DASHBOARDS_DIR, ".json"), (ALERT_TESTS_DIR, ".yaml"))
@@ -114,6 +118,15 @@ def render(cfg: GenerateConfig) -> dict[str, str]:
             )
         rules_test = {"rule_files": rule_files[:1], **recording_tests(cfg)}
         files[RECORDING_RULES_TEST] = _yaml(rules_test, ("Recording rules: one hand-computed result each.",))
+        windows_test = {"rule_files": rule_files[:1], **recording_window_tests(cfg)}
+        files[RECORDING_WINDOWS_TEST] = _yaml(
+            windows_test, ("Recording rules over a run older than their windows, across a restart.",)
+        )
+        fabric_test = {"rule_files": rule_files[:1], **fabric_recording_tests(cfg, Records(cfg))}
+        files[FABRIC_RULES_TEST] = _yaml(
+            fabric_test,
+            ("The fabric recording rules (generate/rules_fabric.py): one hand-computed result each.",),
+        )
     files[AGENT_CONFIG] = _yaml(
         agent_config(cfg),
         (

@@ -14,17 +14,19 @@ from dataclasses import dataclass
 
 from babysitter.hardware._detect import detect_device_name
 from babysitter.hardware._dtypes import DTYPES, matmul_dtype, normalize_dtype
-from babysitter.hardware._names import DeviceMatch, canonical_device
+from babysitter.hardware._names import SPELLINGS, DeviceMatch, canonical_device, did_you_mean
 from babysitter.hardware._table import PEAK_TABLE, PeakRow
 
 __all__ = [
     "DTYPES",
     "PEAK_TABLE",
+    "SPELLINGS",
     "DeviceMatch",
     "PeakEntry",
     "PeakRow",
     "canonical_device",
     "detect_device_name",
+    "did_you_mean",
     "lookup_peak",
     "matmul_dtype",
     "normalize_dtype",
@@ -63,12 +65,15 @@ def lookup_peak(device_name: str, dtype: str) -> PeakEntry | None:
     key = normalize_dtype(dtype)
     match = canonical_device(device_name)
     if match.device is None:
+        close = did_you_mean(device_name)
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
         _warn_once(
             (device_name, key),
-            "no peak FLOP/s for device %r (%s): MFU is not reported; pass peak_flops= or a device "
+            "no peak FLOP/s for device %r (%s): MFU is not reported; %spass peak_flops= or a device "
             "name from the table (%s)",
             device_name,
             match.reason,
+            hint,
             ", ".join(PEAK_TABLE),
         )
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 
 __all__ = ["DTYPES", "matmul_dtype", "normalize_dtype"]
@@ -70,8 +71,12 @@ def normalize_dtype(dtype: object) -> str:
         text = text[len("<class '") : -2].rsplit(".", 1)[-1]
     key = _ALIASES.get(text)
     if key is None:
-        accepted = ", ".join(sorted(_ALIASES))
-        raise ValueError(f"unknown training dtype {dtype!r}; accepted spellings: {accepted}")
+        close = difflib.get_close_matches(text, list(_ALIASES), n=2, cutoff=0.5)
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        raise ValueError(
+            f"unknown training dtype {dtype!r}: {hint}accepted spellings: {', '.join(DTYPES)}, torch "
+            "dtypes (torch.bfloat16) and the usual aliases ('bfloat16', 'bf16-mixed', 'float8_e4m3fn', ...)"
+        )
     return key
 
 

@@ -8,12 +8,65 @@ row for exactly these. A name that says the model but not the variant, when vari
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
 from babysitter.hardware._table import PEAK_TABLE
 
-__all__ = ["DeviceMatch", "canonical_device"]
+__all__ = ["SPELLINGS", "DeviceMatch", "canonical_device", "did_you_mean"]
+
+#: How NVML, torch, rocm-smi and JAX spell the devices of the table (the "did you mean" vocabulary,
+#: next to the table's own row names). The matcher below accepts more; these are the usual ones.
+SPELLINGS = (
+    "NVIDIA H100 80GB HBM3",
+    "NVIDIA H100 PCIe",
+    "NVIDIA H100 NVL",
+    "NVIDIA H200",
+    "NVIDIA H200 NVL",
+    "NVIDIA H800",
+    "NVIDIA H800 PCIe",
+    "NVIDIA H20",
+    "NVIDIA GH200 480GB",
+    "NVIDIA A100-SXM4-80GB",
+    "NVIDIA A100 80GB PCIe",
+    "NVIDIA A800-SXM4-80GB",
+    "NVIDIA A800 80GB PCIe",
+    "NVIDIA B200",
+    "NVIDIA GB200",
+    "NVIDIA B300 SXM6 AC",
+    "NVIDIA GB300",
+    "NVIDIA L4",
+    "NVIDIA L20",
+    "NVIDIA L40",
+    "NVIDIA L40S",
+    "NVIDIA A10",
+    "NVIDIA A10G",
+    "Tesla V100-SXM2-16GB",
+    "AMD Instinct MI250X",
+    "AMD Instinct MI300X",
+    "AMD Instinct MI325X",
+    "AMD Instinct MI350X",
+    "AMD Instinct MI355X",
+)
+
+
+def did_you_mean(name: str, *, limit: int = 3) -> list[str]:
+    """The table's row names and usual spellings closest to ``name`` (difflib), best first; only those
+    that resolve to a row, so a suggestion never names a device the table lacks. Spellings that share
+    a model token with ``name`` come first ("NVIDIA H100" gets the H100's variants, not the H200)."""
+    text = name.strip().lower()
+    vocabulary = {v.lower(): v for v in (*PEAK_TABLE, *SPELLINGS) if canonical_device(v).device is not None}
+    mine = set(_tokens(text)) - _VENDOR_WORDS
+    sharing = [v for v in vocabulary if mine & set(_tokens(v))]
+    if sharing:
+        ranked = sorted(sharing, key=lambda v: -difflib.SequenceMatcher(None, text, v).ratio())
+        return [vocabulary[v] for v in ranked[:limit]]
+    return [vocabulary[v] for v in difflib.get_close_matches(text, list(vocabulary), n=limit, cutoff=0.6)]
+
+
+#: Words of a device name that say nothing about the model.
+_VENDOR_WORDS = frozenset({"nvidia", "amd", "instinct", "tesla", "gpu"})
 
 _SPLIT = re.compile(r"[^a-z0-9]+")
 
@@ -49,6 +102,11 @@ def _nvidia(tok: list[str], s: set[str]) -> DeviceMatch | None:
         # NVML reports the SXM part as plain "NVIDIA H200" (NVIDIA/mig-parted#120) and the PCIe card
         # as "NVIDIA H200 NVL"; "SXM" in the name is accepted too.
         return DeviceMatch("H200 NVL" if "nvl" in s else "H200 SXM")
+    if "h800" in s:
+        # "NVIDIA H800" (the SXM5 part, as torch and NVML name it) and "NVIDIA H800 PCIe"; no NVL part.
+        return DeviceMatch("H800 PCIe" if _has_prefix(tok, "pcie") else "H800 SXM")
+    if "h20" in s:  # "NVIDIA H20"; whole tokens, so "H200" and "GH200" never land here
+        return DeviceMatch("H20")
     if "h100" in s:
         if "nvl" in s:  # "NVIDIA H100 NVL" (fastfetch-cli/fastfetch#1658)
             return DeviceMatch("H100 NVL")
@@ -63,6 +121,11 @@ def _nvidia(tok: list[str], s: set[str]) -> DeviceMatch | None:
         # "NVIDIA A100-SXM4-80GB"; a name without the form factor also lands here, which changes
         # no number: the datasheet gives SXM and PCIe the same peaks.
         return DeviceMatch("A100 SXM")
+    if "a800" in s:
+        # "NVIDIA A800-SXM4-80GB", "NVIDIA A800 80GB PCIe", "NVIDIA A800 40GB Active": one set of peaks.
+        return DeviceMatch("A800 PCIe" if _has_prefix(tok, "pcie") or "active" in s else "A800 SXM")
+    if "l20" in s:  # "NVIDIA L20"
+        return DeviceMatch("L20")
     if "l40s" in s:
         return DeviceMatch("L40S")
     if "l40" in s:

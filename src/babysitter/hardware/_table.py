@@ -101,6 +101,34 @@ _AMD_MI250X = (
     "AMD Instinct MI250X specifications (amd.com/en/products/accelerators/instinct/mi200/mi250x.html):"
     " per-OAM peaks / 2 GCDs; torchtitan's table: 191.5 TF per GCD"
 )
+# The export parts sold in China. H800 and A800 are the H100 and A100 silicon with NVLink cut to 400 GB/s
+# (and the H800's FP64 to 1 TF): NVIDIA's H800 and A800 datasheets print the H100's and A100's tensor-core
+# figures, sparse (starred), so the dense peaks are the same rows' numbers. H20 (78 SMs of GH100) and L20
+# (92 SMs of AD102) are cut-down parts: their product briefs print dense figures, which the SM counts
+# confirm (Hopper: 1,024 dense FP16 FLOPs per SM per clock, 78 x 1,024 x 1.85 GHz = 148 TF; Ada: 512,
+# the L40's 181.05 TF / 142 SMs / 2.49 GHz, and 92 x 512 x 2.54 GHz = 119.6 TF).
+_NV_H800 = (
+    "NVIDIA H800 Tensor Core GPU datasheet (the copy at chaoqing-i.com/upload/20231128/NVIDIA%20H800%20GPU"
+    "%20Datasheet.pdf, cited for the H800 beside nvidia.com's H100 page in public peak tables): SXM "
+    "1,979 TF bf16/fp16, 3,958 TF fp8, 989 TF tf32 with sparsity, PCIe 1,513 / 3,026 / 756 (a public "
+    "H800 PCIe FP8 GEMM benchmark quotes the same 3,026 TF peak), the H100's figures; dense = half of "
+    "the starred sparse figures; fp32 67 TF (SXM) and 51 TF (PCIe), not starred"
+)
+_NV_A800 = (
+    "NVIDIA A800 datasheets (A800 40GB/80GB PCIe and SXM4; A800 40GB Active): the A100's figures, "
+    "19.5 TF fp32, 156 TF tf32, 312 TF bf16/fp16, 624 TOPS int8 dense (312 / 624 / 624 / 1,248 with "
+    "sparsity; OEM listings of the A800 PCIe 40 GB print 155.94 / 311.87 TF dense, 1.41 GHz boost)"
+)
+_NV_H20 = (
+    "NVIDIA H20 product brief (China-market HGX H20, 96 GB HBM3), dense figures: fp32 44 TF, tf32 74 TF, "
+    "bf16/fp16 148 TF, fp8 148 x 2 = 296 TF, int8 296 TOPS (as reproduced in Chinese trade press: "
+    "'FP16 稠密算力 148 TFLOPS', i.e. dense); 78 SMs x 1,024 dense FP16 FLOPs/clock x 1.85 GHz = 148 TF"
+)
+_NV_L20 = (
+    "NVIDIA L20 product brief (China-market Ada part, 48 GB GDDR6, 92 SMs, 2.52 GHz boost), dense: "
+    "fp32 59.8 TF, tf32 59.8 TF, bf16/fp16 119.5 TF, fp8 and int8 239 (sparse: twice); the L40's dense "
+    "per-SM rate (181.05 TF / 142 SMs / 2.49 GHz = 512 FLOPs/clock) x 92 SMs x 2.54 GHz = 119.6 TF"
+)
 _TPU = "Google Cloud TPU documentation, 'Peak compute per chip' (cloud.google.com/tpu/docs/{v})"
 
 PEAK_TABLE: Mapping[str, PeakRow] = MappingProxyType(
@@ -110,6 +138,10 @@ PEAK_TABLE: Mapping[str, PeakRow] = MappingProxyType(
             _row("A100 SXM", _NV_A100, fp32=19.5 * T, tf32=156 * T, bf16=312 * T, fp16=312 * T, int8=624 * T),
             _row(
                 "A100 PCIe", _NV_A100, fp32=19.5 * T, tf32=156 * T, bf16=312 * T, fp16=312 * T, int8=624 * T
+            ),
+            _row("A800 SXM", _NV_A800, fp32=19.5 * T, tf32=156 * T, bf16=312 * T, fp16=312 * T, int8=624 * T),
+            _row(
+                "A800 PCIe", _NV_A800, fp32=19.5 * T, tf32=156 * T, bf16=312 * T, fp16=312 * T, int8=624 * T
             ),
             _row(
                 "H100 SXM",
@@ -140,6 +172,36 @@ PEAK_TABLE: Mapping[str, PeakRow] = MappingProxyType(
                 fp16=835.5 * T,
                 fp8=1670.5 * T,
                 int8=1670.5 * T,
+            ),
+            _row(
+                "H800 SXM",
+                _NV_H800 + " (SXM column)",
+                fp32=67 * T,
+                tf32=494.5 * T,
+                bf16=989.5 * T,
+                fp16=989.5 * T,
+                fp8=1979 * T,
+                int8=1979 * T,
+            ),
+            _row(
+                "H800 PCIe",
+                _NV_H800 + " (PCIe column)",
+                fp32=51 * T,
+                tf32=378 * T,
+                bf16=756 * T,
+                fp16=756 * T,
+                fp8=1513 * T,
+                int8=1513 * T,
+            ),
+            _row(
+                "H20",
+                _NV_H20,
+                fp32=44 * T,
+                tf32=74 * T,
+                bf16=148 * T,
+                fp16=148 * T,
+                fp8=296 * T,
+                int8=296 * T,
             ),
             _row(
                 "GH200",
@@ -218,6 +280,16 @@ PEAK_TABLE: Mapping[str, PeakRow] = MappingProxyType(
                 fp16=121 * T,
                 fp8=242.5 * T,
                 int8=242.5 * T,
+            ),
+            _row(
+                "L20",
+                _NV_L20,
+                fp32=59.8 * T,
+                tf32=59.8 * T,
+                bf16=119.5 * T,
+                fp16=119.5 * T,
+                fp8=239 * T,
+                int8=239 * T,
             ),
             _row(
                 "L40",

@@ -143,7 +143,7 @@ class CallbackCore:
             self.tracker = watch(None, **kwargs)
         if self.straggler_every is not None:
             monitor = StragglerMonitor(self.tracker, every=self.straggler_every)
-            if monitor.start():
+            if monitor.start() or monitor.waiting:
                 self.straggler = monitor
         return self.tracker
 

@@ -127,6 +127,8 @@ class _Pool:
 @dataclass
 class _Cache:
     stop: int
+    #: The incarnation's renumberings when the cache was built (a renumbering changes every step).
+    renumbered: int = 0
     next_gap: int = 0
     fixed: dict[str, int] = field(default_factory=dict)
     pool: _Pool = field(default_factory=_Pool)
@@ -371,8 +373,8 @@ class Accountant:
             if growing and tail_cause is None and tail == "other":
                 tail_cause = "other"
             cache = self._caches.get(i)
-            if cache is None or (cache.stop != stop and not growing):
-                cache = _Cache(stop=stop)
+            if cache is None or (cache.stop != stop and not growing) or cache.renumbered != inc.renumbered:
+                cache = _Cache(stop=stop, renumbered=inc.renumbered)
                 self._caches[i] = cache
             # Finalize gaps that can no longer change.
             n = inc.n

@@ -14,9 +14,12 @@ written once and never rewritten:
   ``link()``, so one racer at a time breaks locks), check that the lock name still holds the very inode
   judged stale, move it away, then ``link()`` a fresh lock like any writer; the other racers find the
   breaker taken, or the name re-taken, and back off. A breaker left by a writer killed mid-takeover is
-  removed once older than ``stale_after``. Any writer later finding another inode under the lock name
-  has lost it and stops writing (and its lines carry its fencing tag, so readers drop what it wrote
-  after the takeover).
+  removed once older than ``stale_after``. Any writer later finding another lock under the name has
+  lost it and stops writing (and its lines carry its fencing tag, so readers drop what it wrote after
+  the takeover);
+* a lock is known by its inode *and* its writer's token: file systems reuse a freed inode number at
+  once (ext4 hands the next new file the number just freed), so an inode alone would let a racer
+  holding an old reading remove a fresh lock.
 
 Temp files are removed on every failure (a full disk fails the write, not the create).
 """
@@ -113,6 +116,16 @@ def _ident(st: os.stat_result) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
+def _token(fd: int) -> str | None:
+    """The token written in the lock open at ``fd``; None when it does not parse. OSError when it
+    cannot be read."""
+    raw = os.pread(fd, _MAX_LOCK_BYTES, 0)
+    try:
+        return str(json.loads(raw)["token"])
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+
+
 class WriterLock:
     """This process's claim on a run's ledger."""
 
@@ -180,16 +193,17 @@ class WriterLock:
             raise
         return True
 
-    def _remove_if(self, path: Path, ident: tuple[int, int]) -> bool:
-        """Remove ``path`` if it still is inode ``ident``: moved away first and checked, put back when
-        it was another file by then. True when it was removed."""
+    def _remove_if(self, path: Path, ident: tuple[int, int], token: str) -> bool:
+        """Remove ``path`` if it still is inode ``ident`` written by ``token``: moved away first and
+        checked, put back when it was another file by then. True when it was removed."""
         grave = self._private("grave")
         try:
             os.rename(path, grave)
         except FileNotFoundError:
             return False
         try:
-            if _ident(os.stat(grave)) != ident:
+            found = read_lock(grave)
+            if found is None or found.ident != ident or found.token != token:
                 with contextlib.suppress(FileExistsError):
                     os.link(grave, path)
                 return False
@@ -252,14 +266,14 @@ class WriterLock:
         if not self._link(tmp, breaker):
             other = read_lock(breaker)
             if other is not None and time.time() - other.heartbeat > self.stale_after:
-                self._remove_if(breaker, other.ident)  # its writer died mid-takeover
+                self._remove_if(breaker, other.ident, other.token)  # its writer died mid-takeover
             raise LedgerLockedError(f"another writer is taking over the stale ledger lock {self.path}")
         try:
             current = read_lock(self.path)
-            if current is not None and current.ident == stale.ident:
-                self._remove_if(self.path, stale.ident)
+            if current is not None and (current.ident, current.token) == (stale.ident, stale.token):
+                self._remove_if(self.path, stale.ident, stale.token)
         finally:
-            self._remove_if(breaker, _ident(os.stat(tmp)))
+            self._remove_if(breaker, _ident(os.stat(tmp)), self.token)
 
     def _locked(self, other: LockInfo) -> LedgerLockedError:
         who = f"pid {other.pid} on host {other.host!r}" if other.host else "an unknown writer"
@@ -279,7 +293,7 @@ class WriterLock:
         except FileNotFoundError:
             return self._recreate()
         try:
-            if _ident(os.fstat(fd)) != self.ident:
+            if _ident(os.fstat(fd)) != self.ident or _token(fd) != self.token:
                 self.held = False
                 return "lost"
             os.utime(fd)
@@ -306,4 +320,4 @@ class WriterLock:
             return
         self.held = False
         with contextlib.suppress(OSError):
-            self._remove_if(self.path, self.ident)
+            self._remove_if(self.path, self.ident, self.token)

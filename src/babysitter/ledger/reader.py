@@ -27,6 +27,7 @@ from babysitter.ledger.records import (
     fence_of,
     fence_tag,
 )
+from babysitter.ledger.saves import SaveLog
 from babysitter.ledger.timeline import Timeline
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "completed_checkpoints",
     "parse_ledger",
     "read_ledger",
+    "read_saves",
     "read_timeline",
 ]
 
@@ -193,3 +195,25 @@ def completed_checkpoints(run_dir: Path, *, file_name: str = DEFAULT_FILE_NAME) 
     ]
     found.sort(key=lambda c: c.time)
     return found
+
+
+#: The lines a save's story is told in (what :func:`read_saves` parses; the rest is skipped unparsed).
+SAVE_KINDS = (b'"k":"ckb"', b'"k":"cke"', b'"k":"ckv"', b'"k":"start"', b'"k":"end"')
+
+
+def read_saves(run_dir: Path, *, file_name: str = DEFAULT_FILE_NAME) -> SaveLog:
+    """The run's checkpoint saves (completed and aborted, with their manifests' fate) from its ledger.
+
+    Only the lines of :data:`SAVE_KINDS` are parsed, so this stays fast on a month-long ledger. An
+    absent ledger gives an empty log; raises OSError only when the ledger exists but cannot be read.
+    """
+    log_ = SaveLog()
+    try:
+        data = _read_regular(run_dir / file_name)
+    except FileNotFoundError:
+        return log_
+    records = _Records()
+    _parse(data, records, only=SAVE_KINDS)
+    for record in records.records:
+        log_.add(record)
+    return log_

@@ -27,10 +27,21 @@ over from it. Kinds:
            line. The most frequent line, so the most compact (one list, not two, saves 9 bytes a line).
            Version 1 wrote ``d`` and ``dw``, one data wait total for the whole line.
 ``ckb``    checkpoint begin: ``t``, ``op`` (save|load), ``step``, ``path``
-``cke``    checkpoint end: ``t``, ``op``, ``step``, ``ok``, ``bytes``, ``path``
+``cke``    checkpoint end: ``t``, ``op``, ``step``, ``ok``, ``bytes``, ``path``; ``man`` (true) when the
+           tracker will write a manifest of the save (``babysitter.checkpoints``): a save whose manifest
+           never appears did not complete
+``ckv``    the manifest of a save was committed (``ok`` true) or could not be (``ok`` false, ``why``):
+           ``t``, ``step``, ``path``, ``ok``, ``files``, ``bytes`` (what the manifest lists), ``alg``
+           (the digest, or null for sizes only), ``mid`` (the manifest's own id), ``why``. Written by the
+           tracker's manifest thread after the save's blocking part; readers before it skip the line as
+           invalid (counted), nothing else
 ``phb``    phase begin: ``t``, ``name``;  ``phe`` phase end: ``t``, ``name``
 ``hang``   the watchdog saw no step: ``t``, ``step`` (last finished), ``since`` (us since that step)
 ``alive``  nothing else happened for a while: ``t`` (a sign of life, so downtime starts at the right time)
+``renum``  the training loop's step numbers are not the tracker's: ``t``, ``by``; every step number
+           this incarnation wrote before this line is ``by`` higher in the loop's numbering (a restart
+           that did not call ``checkpoint_load``: the tracker counted from 0, the loop from its resume
+           step; the tracker adopts the loop's numbers at the first one it is told)
 ``end``    the tracker closed: ``t``, ``clean``
 
 Every integer (times, durations, steps, bytes, pids) lies in ``[0, MAX_INT]`` and every float (FLOPs)
@@ -57,6 +68,7 @@ __all__ = [
     "Alive",
     "CheckpointBegin",
     "CheckpointEnd",
+    "CheckpointManifest",
     "End",
     "FencedLineError",
     "Hang",
@@ -66,6 +78,7 @@ __all__ = [
     "Progress",
     "ProgressFields",
     "Record",
+    "Renumber",
     "SchemaError",
     "Start",
     "decode",
@@ -191,6 +204,23 @@ class CheckpointEnd:
     ok: bool
     nbytes: int | None
     path: str | None
+    #: The tracker will write a manifest of this save (a save without one did not complete).
+    manifest: bool = False
+
+
+@dataclass(frozen=True)
+class CheckpointManifest:
+    """The manifest of the save of ``step`` at ``path`` was committed (``ok``) or could not be (``why``)."""
+
+    t: int
+    step: int
+    path: str | None
+    ok: bool
+    files: int = 0
+    nbytes: int = 0
+    alg: str | None = None
+    mid: str = ""
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -226,6 +256,14 @@ class Alive:
 
 
 @dataclass(frozen=True)
+class Renumber:
+    """The step numbers this incarnation wrote so far are ``by`` lower than the training loop's."""
+
+    t: int
+    by: int
+
+
+@dataclass(frozen=True)
 class End:
     """The tracker closed; ``clean`` when training ended normally."""
 
@@ -233,7 +271,19 @@ class End:
     clean: bool
 
 
-Record = Start | Progress | CheckpointBegin | CheckpointEnd | PhaseBegin | PhaseEnd | Hang | Alive | End
+Record = (
+    Start
+    | Progress
+    | CheckpointBegin
+    | CheckpointEnd
+    | CheckpointManifest
+    | PhaseBegin
+    | PhaseEnd
+    | Hang
+    | Alive
+    | Renumber
+    | End
+)
 
 
 def _cut(text: str) -> str:
@@ -362,6 +412,22 @@ def encode(record: Record, *, fence: str | None = None) -> bytes:
             bytes=None if record.nbytes is None else _check(record.nbytes, "bytes"),
             path=_opt_str(record.path),
         )
+        if record.manifest:
+            head["man"] = True
+    elif isinstance(record, CheckpointManifest):
+        head.update(
+            k="ckv",
+            t=_check(record.t, "time"),
+            step=_check(record.step, "step"),
+            path=_opt_str(record.path),
+            ok=record.ok,
+            files=_check(record.files, "file count"),
+            bytes=_check(record.nbytes, "bytes"),
+            alg=_opt_str(record.alg),
+            mid=_cut(record.mid)[:64],
+        )
+        if record.why:
+            head["why"] = _cut(record.why)
     elif isinstance(record, PhaseBegin):
         head.update(k="phb", t=_check(record.t, "time"), name=_cut(record.name))
     elif isinstance(record, PhaseEnd):
@@ -375,6 +441,8 @@ def encode(record: Record, *, fence: str | None = None) -> bytes:
         )
     elif isinstance(record, Alive):
         head.update(k="alive", t=_check(record.t, "time"))
+    elif isinstance(record, Renumber):
+        head.update(k="renum", t=_check(record.t, "time"), by=_check(record.by, "step offset"))
     else:
         head.update(k="end", t=_check(record.t, "time"), clean=record.clean)
     if fence is not None:
@@ -606,6 +674,27 @@ def decode(obj: object) -> Record:
             ok=ok,
             nbytes=_opt_int(obj, "bytes"),
             path=_opt_path(obj),
+            manifest=obj.get("man") is True,
+        )
+    if kind == "ckv":
+        ok = obj.get("ok")
+        if not isinstance(ok, bool):
+            raise SchemaError("'ok' must be a boolean")
+        alg, mid, why = obj.get("alg"), obj.get("mid", ""), obj.get("why", "")
+        if alg is not None and not isinstance(alg, str):
+            raise SchemaError("'alg' must be a string or null")
+        if not isinstance(mid, str) or not isinstance(why, str):
+            raise SchemaError("'mid' and 'why' must be strings")
+        return CheckpointManifest(
+            t=t,
+            step=_int(obj, "step"),
+            path=_opt_path(obj),
+            ok=ok,
+            files=_opt_int(obj, "files") or 0,
+            nbytes=_opt_int(obj, "bytes") or 0,
+            alg=alg,
+            mid=mid,
+            why=why,
         )
     if kind == "phb":
         return PhaseBegin(t=t, name=_str(obj, "name"))
@@ -615,6 +704,8 @@ def decode(obj: object) -> Record:
         return Hang(t=t, step=_int(obj, "step"), since=_int(obj, "since"))
     if kind == "alive":
         return Alive(t=t)
+    if kind == "renum":
+        return Renumber(t=t, by=_int(obj, "by"))
     if kind == "end":
         clean = obj.get("clean")
         if not isinstance(clean, bool):

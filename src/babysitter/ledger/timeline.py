@@ -27,6 +27,7 @@ from babysitter.ledger.records import (
     Alive,
     CheckpointBegin,
     CheckpointEnd,
+    CheckpointManifest,
     End,
     FencedLineError,
     Hang,
@@ -35,6 +36,7 @@ from babysitter.ledger.records import (
     Progress,
     ProgressFields,
     Record,
+    Renumber,
     Start,
     decode,
     fence_tag,
@@ -88,6 +90,10 @@ class CheckpointSpan:
     ok: bool | None = None
     nbytes: int | None = None
     path: str | None = None
+    #: A save whose tracker promised a manifest (``man``); ``manifest_ok`` once it said how that went.
+    manifest: bool = False
+    manifest_ok: bool | None = None
+    manifest_why: str = ""
 
 
 @dataclass
@@ -119,6 +125,8 @@ class Incarnation:
     folded: int = 0
     #: Continuation segments seen (the writer found its file deleted or replaced this many times).
     segments: int = 0
+    #: Renumberings applied (the tracker adopted the loop's step numbers); caches of the steps compare it.
+    renumbered: int = 0
     #: The fencing tag this incarnation's lines carry.
     tag: str = field(init=False)
     _open_ckpt: dict[str, CheckpointSpan] = field(default_factory=dict)
@@ -149,11 +157,18 @@ class Incarnation:
                 span_or_none = CheckpointSpan(record.op, record.step, t, path=record.path)
                 self.checkpoints.append(span_or_none)
             span_or_none.end = max(t, span_or_none.begin)
+            span_or_none.step = record.step  # a load may learn its step from the checkpoint it read
             span_or_none.ok = record.ok
             span_or_none.nbytes = record.nbytes
             span_or_none.path = record.path or span_or_none.path
+            span_or_none.manifest = record.manifest
             if record.op == "load" and record.ok:
                 self.loads.append((span_or_none.end, record.step))
+        elif isinstance(record, CheckpointManifest):
+            for span in reversed(self.checkpoints):
+                if span.op == "save" and span.step == record.step and span.path == record.path:
+                    span.manifest_ok, span.manifest_why = record.ok, record.why
+                    break
         elif isinstance(record, PhaseBegin):
             self._open_phase[record.name] = t
         elif isinstance(record, PhaseEnd):
@@ -161,9 +176,20 @@ class Incarnation:
             self.phases.append((record.name, began, t))
         elif isinstance(record, Hang):
             self.hangs.append(t)
+        elif isinstance(record, Renumber):
+            self._renumber(record.by)
         elif isinstance(record, End):
             self.end = record
         self.last_t = max(self.last_t, t)
+
+    def _renumber(self, by: int) -> None:
+        """Every step written so far is ``by`` higher in the training loop's numbering."""
+        if by <= 0:
+            return
+        self.steps = array("q", (s + by for s in self.steps))
+        for span in self.checkpoints:
+            span.step += by
+        self.renumbered += 1
 
     def _add_progress(self, record: Progress) -> None:
         waits = record.waits if record.waits is not None else record.data_wait

@@ -45,6 +45,7 @@ from babysitter.ledger.records import (
     Alive,
     CheckpointBegin,
     CheckpointEnd,
+    CheckpointManifest,
     End,
     Hang,
     Op,
@@ -52,6 +53,7 @@ from babysitter.ledger.records import (
     PhaseEnd,
     Progress,
     Record,
+    Renumber,
     Start,
     encode,
     fence_tag,
@@ -430,15 +432,53 @@ class LedgerWriter:
         ok: bool,
         nbytes: int | None,
         path: str | None,
+        manifest: bool = False,
     ) -> None:
         """Record the end of a checkpoint save or load; a successful save is written durably."""
         try:
             size = nbytes if in_range(nbytes) else None
             record = CheckpointEnd(
-                t=to_us(time), op=kind, step=int(step), ok=bool(ok), nbytes=size, path=path
+                t=to_us(time),
+                op=kind,
+                step=int(step),
+                ok=bool(ok),
+                nbytes=size,
+                path=path,
+                manifest=bool(manifest),
             )
             if kind == "save" and ok:
                 self._durable_wanted = True
+            self._post(record, now=True)
+        except Exception as exc:
+            self._error("internal", exc)
+
+    def checkpoint_manifest(
+        self,
+        *,
+        step: int,
+        time: float,
+        path: str | None,
+        ok: bool,
+        files: int,
+        nbytes: int,
+        alg: str | None,
+        mid: str,
+        why: str,
+    ) -> None:
+        """Record that a save's manifest was committed or not (written durably: resumes read it)."""
+        try:
+            record = CheckpointManifest(
+                t=to_us(time),
+                step=int(step),
+                path=path,
+                ok=bool(ok),
+                files=files if in_range(files) else 0,
+                nbytes=nbytes if in_range(nbytes) else 0,
+                alg=alg,
+                mid=mid,
+                why=why,
+            )
+            self._durable_wanted = True
             self._post(record, now=True)
         except Exception as exc:
             self._error("internal", exc)
@@ -462,6 +502,16 @@ class LedgerWriter:
         try:
             since = _us(seconds_since_step) or 0
             self._post(Hang(t=to_us(time), step=int(step), since=since), now=True)
+        except Exception as exc:
+            self._error("internal", exc)
+
+    def renumber(self, *, time: float, by: int) -> None:
+        """Every step this incarnation handed over so far is ``by`` higher in the loop's numbering."""
+        try:
+            if in_range(by) and by > 0:
+                self._post(Renumber(t=to_us(time), by=by))
+            else:
+                self._errors["bad_input"] = self._errors.get("bad_input", 0) + 1
         except Exception as exc:
             self._error("internal", exc)
 

@@ -29,12 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from babysitter import registration
+from babysitter.node.workloads.trainers import MAX_SERIES_TOTAL
 
 __all__ = [
     "COLLECTORS",
     "DEFAULT_LISTEN_ADDRESS",
     "DEFAULT_PORT",
     "ENV_PREFIX",
+    "SYSFS_COLLECTORS",
     "AgentConfig",
     "ConfigError",
     "add_arguments",
@@ -54,7 +56,15 @@ COLLECTORS: dict[str, str] = {
     "trainers": "metrics of the training processes registered on this host (on by default)",
     "jobs": "which batch job holds each GPU, from --gpu-job-dir (on when the directory is given)",
     "probe": "results of babysitter probe from --probe-results-dir (on when the directory is given)",
+    "infiniband": "InfiniBand/RoCE ports from <sysfs>/class/infiniband (on by default; with --simulate only "
+    "when --path.sysfs is given)",
+    "pcie": "PCIe link width, speed and AER of GPUs and NICs (on by default, as infiniband)",
+    "topology": "each GPU's nearest NIC port, fabric_gpu_nic_info (on by default, as infiniband)",
+    "edac": "host memory errors from EDAC (on by default, as infiniband)",
+    "thermal": "CPU thermal throttle counts (on by default, as infiniband)",
 }
+#: The collectors that read the host's sysfs: off under --simulate unless --path.sysfs names a tree.
+SYSFS_COLLECTORS = ("infiniband", "pcie", "topology", "edac", "thermal")
 GPU_BACKENDS = ("auto", "nvml", "dcgm", "none")
 
 
@@ -79,7 +89,10 @@ class AgentConfig:
     simulate_kernel_log: Path | None = None
     registry_dir: Path = field(default_factory=registration.default_dir)
     trainer_timeout: float = 2.0
+    trainer_series_limit: int = MAX_SERIES_TOTAL
     trainer_ca_file: Path | None = None
+    trainer_cert_file: Path | None = None
+    trainer_key_file: Path | None = None
     trainer_networks: list[str] = field(default_factory=list)
     kmsg_path: str = "/dev/kmsg"
     xid_state_file: Path | None = None
@@ -89,9 +102,16 @@ class AgentConfig:
     checkpoint_run_dir: list[Path] = field(default_factory=list)
     checkpoint_keep_last: int = 3
     checkpoint_interval: float = 30.0
+    checkpoint_verify_bytes: int = 1 << 30
+    checkpoint_reverify_interval: float = 6 * 3600.0
+    checkpoint_manifest_grace: float = 1800.0
     collector_timeout: float = 10.0
     gpu_job_dir: Path | None = None
     probe_results_dir: Path | None = None
+    path_sysfs: Path | None = None
+    path_procfs: Path | None = None
+    fabric_all_counters: bool = False
+    fabric_rescan_interval: float = 60.0
     collectors: dict[str, bool] = field(default_factory=dict)
 
     @property
@@ -118,7 +138,19 @@ class AgentConfig:
             return self.probe_results_dir is not None
         if name == "gpu":
             return self.gpu_backend != "none"
+        if name in SYSFS_COLLECTORS:
+            return not self.simulate or self.path_sysfs is not None
         return True
+
+    @property
+    def sysfs(self) -> Path:
+        """The sysfs root the hardware collectors read (``--path.sysfs``, default ``/sys``)."""
+        return self.path_sysfs or Path("/sys")
+
+    @property
+    def procfs(self) -> Path:
+        """The procfs root (``--path.procfs``, default ``/proc``)."""
+        return self.path_procfs or Path("/proc")
 
 
 _HELP: dict[str, str] = {
@@ -134,8 +166,14 @@ _HELP: dict[str, str] = {
     "scenario": 'JSON file of timed simulated faults, or "demo" (see babysitter.node.gpu.simulate)',
     "simulate_kernel_log": "with --simulate: append simulated NVRM Xid lines to this file",
     "registry_dir": "trainer registration directory (default $BABYSITTER_REGISTRY_DIR or /tmp/babysitter)",
-    "trainer_timeout": "seconds to wait for one trainer endpoint (default 2)",
+    "trainer_timeout": "seconds to wait for one trainer endpoint (default 2; shorter when Prometheus' "
+    "scrape timeout asks for it)",
+    "trainer_series_limit": "series served from all trainers of this host per scrape, shared fairly "
+    f"between users (default {MAX_SERIES_TOTAL}; docs/security.md)",
     "trainer_ca_file": "CA bundle to verify HTTPS trainer endpoints",
+    "trainer_cert_file": "PEM client certificate the agent presents to HTTPS trainer endpoints that "
+    "require one (a tracker's TLSConfig(client_cafile=...)); needs --trainer-key-file",
+    "trainer_key_file": "PEM private key for --trainer-cert-file",
     "trainer_networks": "network (CIDR, repeatable) trainer endpoints may be in besides loopback, e.g. a pod "
     "network; registrations pointing anywhere else are refused",
     "kmsg_path": "kernel log to read Xid lines from: /dev/kmsg (default), a file, or '' for none",
@@ -146,9 +184,27 @@ _HELP: dict[str, str] = {
     "checkpoint_run_dir": "run directory whose ledger the checkpoint sentinel verifies (repeatable)",
     "checkpoint_keep_last": "how many of the newest checkpoints the sentinel verifies (default 3)",
     "checkpoint_interval": "seconds between checkpoint sentinel passes (default 30)",
+    "checkpoint_verify_bytes": "bytes of checkpoint the sentinel reads back per pass to verify digests "
+    "against their manifests (default 1 GiB: ~34 MB/s at one pass every 30 s; 0: sizes and headers only)",
+    "checkpoint_reverify_interval": "seconds before a verified checkpoint's digests are swept again "
+    "(default 21600)",
+    "checkpoint_manifest_grace": "seconds a save's promised manifest may take before the save counts as "
+    "incomplete (default 1800; at once when its process ended)",
     "collector_timeout": "seconds one collector may take before it is reported failed (default 10)",
     "gpu_job_dir": "per-GPU job id files written by a Slurm prolog (dcgm-exporter's hpc-job-mapping format)",
     "probe_results_dir": "directory where 'babysitter probe --results-dir' writes this host's results",
+    "path_sysfs": "sysfs mount point the hardware collectors read (default /sys; a container mounts the "
+    "host's, e.g. /host/sys)",
+    "path_procfs": "procfs mount point (default /proc; the NVIDIA driver's GPU list is read there)",
+    "fabric_all_counters": "export every counter of InfiniBand counters/ and hw_counters/, not only the "
+    "default set (about 40 more series per port)",
+    "fabric_rescan_interval": "seconds between re-reads of the PCIe tree, RDMA devices and CPU topology "
+    "(default 60; 0: every scrape)",
+}
+#: Flags spelled node_exporter's way (a dot), with the project's dashed spelling kept as an alias.
+_FLAG_NAMES: dict[str, tuple[str, ...]] = {
+    "path_sysfs": ("--path.sysfs", "--path-sysfs"),
+    "path_procfs": ("--path.procfs", "--path-procfs"),
 }
 
 
@@ -165,6 +221,9 @@ _METAVAR = {
     "simulate_kernel_log": "FILE",
     "registry_dir": "DIR",
     "trainer_ca_file": "FILE",
+    "trainer_cert_file": "FILE",
+    "trainer_key_file": "FILE",
+    "trainer_series_limit": "SERIES",
     "trainer_networks": "CIDR",
     "kmsg_path": "PATH",
     "xid_state_file": "FILE",
@@ -172,8 +231,11 @@ _METAVAR = {
     "storage_size": "BYTES",
     "checkpoint_run_dir": "DIR",
     "checkpoint_keep_last": "K",
+    "checkpoint_verify_bytes": "BYTES",
     "gpu_job_dir": "DIR",
     "probe_results_dir": "DIR",
+    "path_sysfs": "DIR",
+    "path_procfs": "DIR",
 }
 
 
@@ -204,14 +266,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--config", type=Path, default=None, help="config file (JSON, or TOML on Python 3.11+)"
     )
     for name in _FIELDS:
-        flag = "--" + name.replace("_", "-")
+        flags = _FLAG_NAMES.get(name, ("--" + name.replace("_", "-"),))
         kind = _kind(name)
         metavar = _METAVAR.get(name, "SECONDS" if kind == "float" else None)
         if kind == "bool":
-            parser.add_argument(flag, dest=name, action="store_true", default=None, help=_HELP[name])
+            parser.add_argument(*flags, dest=name, action="store_true", default=None, help=_HELP[name])
         elif kind in ("paths", "strs"):
             parser.add_argument(
-                flag,
+                *flags,
                 dest=name,
                 action="append",
                 type=Path if kind == "paths" else str,
@@ -220,7 +282,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 help=_HELP[name],
             )
         else:
-            parser.add_argument(flag, dest=name, default=None, metavar=metavar, help=_HELP[name])
+            parser.add_argument(*flags, dest=name, default=None, metavar=metavar, help=_HELP[name])
     for name, help_ in COLLECTORS.items():
         parser.add_argument(
             f"--collector.{name}", dest=f"collector_{name}", action="store_true", default=None, help=help_
@@ -309,7 +371,7 @@ def load_config(
     if config_path:
         data = _read_file(Path(config_path))
         for key, value in data.items():
-            name = key.replace("-", "_")
+            name = key.replace("-", "_").replace(".", "_")
             if name == "collectors":
                 if not isinstance(value, dict):
                     raise ConfigError(f"config file {config_path}: collectors must be a table of name = bool")
@@ -373,7 +435,9 @@ def _validate(c: AgentConfig) -> None:
         raise ConfigError(f"port {c.port} out of range 0..65535")
     if (c.tls_cert_file is None) != (c.tls_key_file is None):
         raise ConfigError("TLS needs both --tls-cert-file and --tls-key-file")
-    for path in (c.tls_cert_file, c.tls_key_file, c.trainer_ca_file):
+    if (c.trainer_cert_file is None) != (c.trainer_key_file is None):
+        raise ConfigError("a trainer client certificate needs --trainer-cert-file and --trainer-key-file")
+    for path in (c.tls_cert_file, c.tls_key_file, c.trainer_ca_file, c.trainer_cert_file, c.trainer_key_file):
         if path is not None and not os.access(path, os.R_OK):
             raise ConfigError(f"{path}: not readable")
     for network in c.trainer_networks:
@@ -402,8 +466,21 @@ def _validate(c: AgentConfig) -> None:
             f"trainer timeout ({c.trainer_timeout:g} s) must be below the collector timeout "
             f"({c.collector_timeout:g} s): one hung trainer would fail the whole collector"
         )
+    if c.trainer_series_limit <= 0:
+        raise ConfigError(f"trainer series limit must be positive, got {c.trainer_series_limit}")
+    if c.fabric_rescan_interval < 0:
+        raise ConfigError(f"fabric rescan interval must be >= 0, got {c.fabric_rescan_interval}")
+    for flag, path in (("--path.sysfs", c.path_sysfs), ("--path.procfs", c.path_procfs)):
+        if path is not None and not path.is_dir():
+            raise ConfigError(f"{flag} {path}: not a directory")
     if c.storage_size <= 0 or c.checkpoint_keep_last <= 0:
         raise ConfigError("storage size and checkpoint keep-last must be positive")
+    if (
+        c.checkpoint_verify_bytes < 0
+        or not c.checkpoint_reverify_interval >= 0
+        or not c.checkpoint_manifest_grace >= 0
+    ):
+        raise ConfigError("checkpoint verify bytes and reverify interval must not be negative")
     if c.collectors.get("storage") and not c.storage_path:
         raise ConfigError("the storage collector needs at least one --storage-path")
     if c.collectors.get("jobs") and c.gpu_job_dir is None:

@@ -90,6 +90,7 @@ def build(config: AgentConfig) -> Running:
             )
             if xid is not None:
                 collectors.append(xid)
+        collectors.extend(_sysfs_collectors(config, identities))
         if config.enabled("storage"):
             storage = _optional(
                 "babysitter.node.storage.probe",
@@ -114,6 +115,9 @@ def build(config: AgentConfig) -> Running:
                     config.checkpoint_run_dir,
                     keep_last=config.checkpoint_keep_last,
                     refresh_seconds=config.checkpoint_interval,
+                    verify_bytes=config.checkpoint_verify_bytes,
+                    reverify_seconds=config.checkpoint_reverify_interval,
+                    manifest_grace=config.checkpoint_manifest_grace,
                 ),
             )
             if sentinel is not None:
@@ -136,7 +140,16 @@ def build(config: AgentConfig) -> Running:
             networks = [ipaddress.ip_network(n, strict=False) for n in config.trainer_networks]
             collectors.append(
                 TrainersCollector(
-                    config.registry_dir, timeout=config.trainer_timeout, ca_file=ca, networks=networks
+                    config.registry_dir,
+                    timeout=config.trainer_timeout,
+                    max_series_total=config.trainer_series_limit,
+                    ca_file=ca,
+                    client_cert=(
+                        (str(config.trainer_cert_file), str(config.trainer_key_file))
+                        if config.trainer_cert_file and config.trainer_key_file
+                        else None
+                    ),
+                    networks=networks,
                 )
             )
     except BaseException:
@@ -150,6 +163,44 @@ def build(config: AgentConfig) -> Running:
         collectors, backend=backend, driver_version=driver, collector_timeout=config.collector_timeout
     )
     return Running(agent, simulator)
+
+
+def _sysfs_collectors(config: AgentConfig, gpus: Callable[[], list[GpuIdentity]]) -> list[Collector]:
+    """The collectors over ``--path.sysfs`` (docs/fabric.md), each on unless switched off."""
+    sysfs, every = str(config.sysfs), config.fabric_rescan_interval
+    made: list[Collector] = []
+    for name, module, cls_name, make in (
+        (
+            "infiniband",
+            "babysitter.node.fabric.infiniband",
+            "InfinibandCollector",
+            lambda cls: cls(sysfs, all_counters=config.fabric_all_counters, rescan_seconds=every),
+        ),
+        (
+            "pcie",
+            "babysitter.node.fabric.pcie",
+            "PcieCollector",
+            lambda cls: cls(sysfs, rescan_seconds=every),
+        ),
+        (
+            "topology",
+            "babysitter.node.fabric.topology",
+            "TopologyCollector",
+            lambda cls: cls(sysfs, procfs=str(config.procfs), gpus=gpus, rescan_seconds=every),
+        ),
+        ("edac", "babysitter.node.host.edac", "EdacCollector", lambda cls: cls(sysfs, rescan_seconds=every)),
+        (
+            "thermal",
+            "babysitter.node.host.thermal",
+            "CpuThermalCollector",
+            lambda cls: cls(sysfs, rescan_seconds=every),
+        ),
+    ):
+        if config.enabled(name):
+            collector = _optional(module, cls_name, config, name, make)
+            if collector is not None:
+                made.append(collector)
+    return made
 
 
 def _kmsg(config: AgentConfig) -> str | None:

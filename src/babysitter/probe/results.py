@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import re
 import tempfile
@@ -19,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
+
+from babysitter import jsonout
 
 __all__ = [
     "SCHEMA",
@@ -201,11 +202,11 @@ class ProbeReport:
             raw["read_bytes_per_second"] = storage.read_bytes_per_second
         for lemon, raw in zip(self.lemons, data["lemons"], strict=True):
             raw["below_median"] = lemon.below_median
-        return _finite(data)  # type: ignore[no-any-return]
+        return jsonout.finite_only(data)  # type: ignore[no-any-return]
 
     def to_json(self) -> str:
         """Indented JSON text."""
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        return jsonout.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ProbeReport:
@@ -231,17 +232,6 @@ class ProbeReport:
 
 
 _R = TypeVar("_R")
-
-
-def _finite(value: Any) -> Any:
-    """NaN and infinities become null: strict JSON readers reject them."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _number(value: Any) -> float:

@@ -4,6 +4,6 @@
 
 from __future__ import annotations
 
-from babysitter.prom.client import DEFAULT_MAX_BYTES, PromClient, PromError, Sample, finite
+from babysitter.prom.client import DEFAULT_MAX_BYTES, Deadline, PromClient, PromError, Sample, fetch, finite
 
-__all__ = ["DEFAULT_MAX_BYTES", "PromClient", "PromError", "Sample", "finite"]
+__all__ = ["DEFAULT_MAX_BYTES", "Deadline", "PromClient", "PromError", "Sample", "fetch", "finite"]

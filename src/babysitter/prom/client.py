@@ -6,10 +6,15 @@ VictoriaMetrics). Queries are POSTed as a form, so a long scorecard expression n
 length limit. Every response is read up to ``max_bytes``, and every failure (unreachable, an HTTP
 error, a body too large or not JSON, a rejected query, a result that is not a vector) is a
 :class:`PromError` whose message names the server and, for a rejected query, the query.
+
+Each request ends within ``timeout`` seconds from connect to its last byte, however slowly the server
+drips (:mod:`babysitter.prom.deadline`), and a client given a command's :class:`Deadline` gives each
+request only what is left of it: a command that asks many queries ends by its deadline too.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import urllib.error
@@ -18,7 +23,9 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT_MAX_BYTES", "PromClient", "PromError", "Sample", "finite"]
+from babysitter.prom.deadline import Deadline, open_until
+
+__all__ = ["DEFAULT_MAX_BYTES", "Deadline", "PromClient", "PromError", "Sample", "fetch", "finite"]
 
 #: The largest response read by default: a frame of ``babysitter top`` over thousands of hosts fits.
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
@@ -36,10 +43,57 @@ class Sample:
     value: float
 
 
-class PromClient:
-    """Instant queries and active alerts of ``url`` (``http(s)://host:port[/prefix]``)."""
+def _timed_out(exc: BaseException) -> bool:
+    return isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError)
 
-    def __init__(self, url: str, *, timeout: float = 60.0, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+
+def fetch(
+    url: str,
+    *,
+    timeout: float,
+    max_bytes: int,
+    deadline: Deadline | None = None,
+    data: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    name: str | None = None,
+    what: str = "",
+) -> bytes:
+    """The body of ``url`` (GET, or POST with ``data``), all of it within ``timeout`` seconds and what
+    is left of ``deadline``; PromError for any failure (naming ``name``, the URL by default; ``what``
+    said of a request cut by its deadline), HTTPError for a status."""
+    name = name or url
+    limit = timeout
+    if deadline is not None:
+        left = deadline.remaining()
+        if left <= 0:
+            raise PromError(f"{name}: the command's deadline of {deadline.seconds:g} s has passed{what}")
+        limit = min(limit, left)
+    request = urllib.request.Request(url, data=data, headers=headers or {})  # noqa: S310 - schemes checked by callers
+    try:
+        _, raw = open_until(request, limit, max_bytes=max_bytes)
+    except urllib.error.HTTPError:
+        raise
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        if _timed_out(exc):
+            raise PromError(f"{name}: no complete answer within {limit:g} s{what}") from exc
+        raise PromError(f"{name}: {exc}") from exc
+    if len(raw) > max_bytes:
+        raise PromError(f"{url}: response larger than {max_bytes} bytes{what}")
+    return raw
+
+
+class PromClient:
+    """Instant queries and active alerts of ``url`` (``http(s)://host:port[/prefix]``); each request
+    within ``timeout`` seconds, all of them within ``deadline`` when one is given."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 60.0,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        deadline: Deadline | None = None,
+    ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(
@@ -53,6 +107,13 @@ class PromClient:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.max_bytes = max_bytes
+        self.deadline = deadline
+
+    def within(self, deadline: Deadline | None) -> PromClient:
+        """The same client for one command (a frame, an explanation): its requests share ``deadline``."""
+        bounded = copy.copy(self)
+        bounded.deadline = deadline
+        return bounded
 
     def query(self, expr: str, at: float | None = None) -> list[Sample]:
         """The instant vector of ``expr`` at Unix time ``at`` (default: now); PromError on failure."""
@@ -87,21 +148,40 @@ class PromClient:
             raise PromError(f"{self.url}/api/v1/alerts: no alert list in the response")
         return [item for item in raw if isinstance(item, dict)]
 
+    def recording_rules(self) -> set[str]:
+        """Names of the recording rules the server evaluates (``/api/v1/rules``); PromError on failure."""
+        body = self._call("/api/v1/rules?type=record", what="")
+        data = body.get("data")
+        groups = data.get("groups") if isinstance(data, dict) else None
+        if not isinstance(groups, list):
+            raise PromError(f"{self.url}/api/v1/rules: no rule groups in the response")
+        names = set()
+        for group in groups:
+            for rule in (group.get("rules") or ()) if isinstance(group, dict) else ():
+                if (
+                    isinstance(rule, dict)
+                    and rule.get("type") == "recording"
+                    and isinstance(rule.get("name"), str)
+                ):
+                    names.add(rule["name"])
+        return names
+
     def _call(
         self, path: str, *, what: str, data: bytes | None = None, headers: dict[str, str] | None = None
     ) -> dict[str, Any]:
-        request = urllib.request.Request(  # noqa: S310 - scheme checked in __init__
-            self.url + path, data=data, headers={"Accept": "application/json", **(headers or {})}
-        )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - scheme checked in __init__
-                raw = response.read(self.max_bytes + 1)
+            raw = fetch(
+                self.url + path,
+                timeout=self.timeout,
+                max_bytes=self.max_bytes,
+                deadline=self.deadline,
+                data=data,
+                headers={"Accept": "application/json", **(headers or {})},
+                name=self.url,
+                what=what,
+            )
         except urllib.error.HTTPError as exc:
             raise PromError(f"{self.url}: HTTP {exc.code}: {_error_text(exc)}{what}") from exc
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise PromError(f"{self.url}: {exc}") from exc
-        if len(raw) > self.max_bytes:
-            raise PromError(f"{self.url}{path}: response larger than {self.max_bytes} bytes{what}")
         try:
             body = json.loads(raw)
         except ValueError as exc:

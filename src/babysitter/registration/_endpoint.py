@@ -74,7 +74,7 @@ def parse_target(url: str) -> Target:
     if port is None or not 1 <= port <= 65535:
         raise ValueError("url needs an explicit port 1..65535")
     path = parts.path or "/"
-    if not _PATH.match(path):
+    if not _PATH.fullmatch(path):
         raise ValueError("url path has unexpected characters")
     if host == "localhost":
         address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv4Address("127.0.0.1")
@@ -110,7 +110,7 @@ def parse_endpoint(data: object) -> Endpoint:
     ):
         raise ValueError(f"start_time must be a positive finite number, got {start!r}"[:200])
     run = data.get("run")
-    if not isinstance(run, str) or not _RUN.match(run):
+    if not isinstance(run, str) or not _RUN.fullmatch(run):
         raise ValueError(f"run must be 1-128 characters of [A-Za-z0-9_.:-], got {run!r}"[:200])
     url = data.get("url")
     parse_target(url)  # type: ignore[arg-type]

@@ -70,7 +70,7 @@ class Notification:
 
 def parse_time(text: str) -> float | None:
     """An RFC 3339 time as Alertmanager writes it (ns digits) in Unix seconds; None for Go's zero time."""
-    match = _TIME.match(text)
+    match = _TIME.fullmatch(text)
     if match is None:
         raise PayloadError(f"not an RFC 3339 time: {text[:40]!r}")
     base, frac, zone = match.groups()
@@ -89,7 +89,7 @@ def _str_map(value: object, what: str) -> dict[str, str]:
         raise PayloadError(f"{what} has {len(value)} entries (at most {MAX_LABELS})")
     out: dict[str, str] = {}
     for key, item in value.items():
-        if not isinstance(key, str) or not _LABEL_NAME.match(key):
+        if not isinstance(key, str) or not _LABEL_NAME.fullmatch(key):
             raise PayloadError(f"{what}: bad label name {str(key)[:40]!r}")
         if not isinstance(item, str):
             raise PayloadError(f"{what}.{key} is not a string")

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from babysitter import jsonout
+
 __all__ = ["AuditLog", "replay"]
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ class AuditLog:
         """Append one record (``t``, ``event`` and ``fields``); a write error is logged, never raised."""
         when = time.time() if t is None else t
         record: dict[str, Any] = {"v": SCHEMA, "t": round(when, 6), "event": event, **fields}
-        line = (json.dumps(record, separators=(",", ":"), sort_keys=True, default=str) + "\n").encode()
+        line = (jsonout.dumps(record, separators=(",", ":"), sort_keys=True, default=str) + "\n").encode()
         with self._lock:
             try:
                 os.write(self._fd, line)

@@ -6,6 +6,12 @@ decision about an alert that matched a rule is audited: what was done (or would 
 why, for which alert, the commands and their results, and every refusal with its reason. Re-sent
 alerts (Alertmanager repeats a group's alerts in every notification) are recognized by their
 fingerprint and start time and acted on once.
+
+An undrain on a resolved alert needs three things: the policy's rule for the alert asks for it
+(``undrain_on_resolve``), this remediator drained the host for that very alert (the audit log keeps
+each drain, its alert and its reason, and is read back at start), and the drain was real, not a dry
+run's rehearsal. The scheduler is then asked to resume the node only while it still carries the
+reason given at the drain (an operator's own drain since, whatever its text, is left alone).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from babysitter.remediate.backends.base import Backend, BackendError, Outcome
 from babysitter.remediate.jobmap import PrometheusJobMap
 from babysitter.remediate.policy import Policy, Rule
 from babysitter.remediate.rails import Rails
-from babysitter.remediate.targets import host_of, render_reason, valid_job
+from babysitter.remediate.targets import culprit_hosts, host_of, render_reason, valid_job
 
 __all__ = ["REASON_PREFIX", "Remediation", "Remediator"]
 
@@ -115,6 +121,7 @@ class Remediator:
             action, result = record.get("action"), record.get("result")
             if not isinstance(action, str) or result not in ("ok", "dry_run", "failed"):
                 continue
+            reason = record.get("reason")
             self.rails.record(
                 action,
                 key=record.get("key"),
@@ -123,6 +130,8 @@ class Remediator:
                 job=record.get("job"),
                 alert_key=record.get("alert_key"),
                 done=result != "failed",
+                reason=reason if isinstance(reason, str) else None,
+                dry_run=result == "dry_run" or record.get("dry_run") is True,
             )
             count += 1
         if count:
@@ -193,9 +202,16 @@ class Remediator:
         if rule is None or not rule.undrain_on_resolve:
             return
         host = host_of(alert.labels, self.policy.hosts)
-        if host is None or not self.rails.release(host, alert.key):
+        if host is None:
             return
-        self._undrain(alert, rule, host)
+        made = self.rails.made.get(host)
+        if not self.rails.release(host, alert.key):
+            return
+        if made is None or (made.dry_run and not self._dry(rule)):
+            detail = f"the drain of {host} for this alert was a dry run: nothing of ours to undo"
+            self._refuse("undrain", _No("not_ours", detail), alert, rule, host=host)
+            return
+        self._undrain(alert, rule, host, made.reason or REASON_PREFIX)
 
     def _dry(self, rule: Rule) -> bool:
         return self.force_dry_run or self.policy.is_dry_run(rule)
@@ -203,18 +219,28 @@ class Remediator:
     def _act(self, alert: Alert, rule: Rule) -> None:
         cluster = self.policy.cluster
         host = host_of(alert.labels, self.policy.hosts)
+        culprits: list[str | None] = [host]
+        why = ""
+        if rule.hosts_from == "culprit":
+            found, why = culprit_hosts(alert, self.policy.hosts, rule.max_culprit_hosts)
+            culprits = list(found)
         for action in sorted(rule.actions, key=_ORDER.__getitem__):
             if cluster is not None and alert.labels.get(self.policy.cluster_label) != cluster:
                 label = self.policy.cluster_label
                 detail = f"{label}={alert.labels.get(label)!r}, this remediator serves {cluster!r}"
                 self._refuse(action, _No("not_allowed", detail), alert, rule, host=host)
                 continue
-            if action == "drain":
-                self._drain(alert, rule, host)
-            elif action == "requeue":
-                self._requeue(alert, rule, host)
-            else:
-                self._annotate(alert, rule, host)
+            if rule.hosts_from == "culprit" and action != "requeue" and not culprits:
+                self._refuse(action, _No("no_target", why), alert, rule)
+                continue
+            if action == "requeue":
+                self._requeue(alert, rule, host if rule.hosts_from == "alert" else None)
+                continue
+            for target in culprits:
+                if action == "drain":
+                    self._drain(alert, rule, target, why=why)
+                else:
+                    self._annotate(alert, rule, target)
 
     def _key(self, alert: Alert, rule: Rule, action: str, target: str) -> str:
         return f"{alert.key}:{action}:{target}" + (":dry" if self._dry(rule) else "")
@@ -265,7 +291,7 @@ class Remediator:
     def _missing(self, action: str, alert: Alert, rule: Rule, need: str) -> None:
         self._refuse(action, _No("missing_labels", f"{action} needs {need}"), alert, rule)
 
-    def _drain(self, alert: Alert, rule: Rule, host: str | None) -> None:
+    def _drain(self, alert: Alert, rule: Rule, host: str | None, *, why: str = "") -> None:
         if host is None:
             self._missing("drain", alert, rule, f"a host in label {self.policy.hosts.label!r}")
             return
@@ -297,7 +323,8 @@ class Remediator:
         reason = render_reason(rule.reason, alert.labels, prefix=REASON_PREFIX)
         dry = self._dry(rule)
         outcome = self.backend.drain(host, reason, dry_run=dry, alert=alert.describe())
-        self._done("drain", outcome, alert, rule, key=key, host=host, reason=reason)
+        extra = {"why": why} if why else {}
+        self._done("drain", outcome, alert, rule, key=key, host=host, reason=reason, **extra)
 
     def _still_drained(self, host: str) -> bool:
         """Ask the scheduler (an operator may have resumed the node since); unknown counts as no."""
@@ -306,12 +333,12 @@ class Remediator:
         except BackendError:
             return False
 
-    def _undrain(self, alert: Alert, rule: Rule, host: str) -> None:
+    def _undrain(self, alert: Alert, rule: Rule, host: str, reason: str) -> None:
         refused = self._rate_refusal(self.clock())
         if refused is not None:
             self._refuse("undrain", refused, alert, rule, host=host)
             return
-        outcome = self.backend.undrain(host, REASON_PREFIX, dry_run=self._dry(rule), alert=alert.describe())
+        outcome = self.backend.undrain(host, reason, dry_run=self._dry(rule), alert=alert.describe())
         if outcome.refused:
             self._refuse("undrain", _No(outcome.refused, outcome.detail), alert, rule, host=host)
             return
@@ -573,7 +600,17 @@ class Remediator:
         dry = self._dry(rule)
         result = "dry_run" if dry and outcome.ok else "ok" if outcome.ok else "failed"
         now = self.clock()
-        self.rails.record(action, key=key, now=now, host=host, job=job, alert_key=alert.key, done=outcome.ok)
+        self.rails.record(
+            action,
+            key=key,
+            now=now,
+            host=host,
+            job=job,
+            alert_key=alert.key,
+            done=outcome.ok,
+            reason=reason,
+            dry_run=dry,
+        )
         self._drained_now = len(self.rails.drained(now))
         self._count(self.actions, action, result)
         self._audit_alert(
@@ -594,14 +631,16 @@ class Remediator:
         )
         level = logging.ERROR if result == "failed" else logging.INFO
         target = " ".join(f"{k}={v}" for k, v in (("host", host), ("job", job)) if v)
+        why = f" ({extra['why']})" if extra.get("why") else ""
         log.log(
             level,
-            "babysitter remediate: %s %s %s for %s: %s",
+            "babysitter remediate: %s %s %s for %s: %s%s",
             action,
             target,
             result,
             alert.name,
             outcome.detail or reason,
+            why,
         )
 
     def _audit_alert(self, event: str, alert: Alert, rule: Rule, **fields: Any) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from babysitter.catalog import node as N
 from babysitter.catalog import train as T
 from babysitter.generate.promql import eq, select
-from babysitter.prom import PromClient, PromError
+from babysitter.prom import Deadline, PromClient, PromError
 from babysitter.remediate.backends.base import BackendError
 
 __all__ = ["PrometheusJobMap"]
@@ -22,7 +22,8 @@ _MAX_RESPONSE = 4 * 1024 * 1024
 
 
 class PrometheusJobMap:
-    """Queries one Prometheus (``url``) with a per-request ``timeout``."""
+    """Queries one Prometheus (``url``): each request within ``timeout``, each lookup (now, then over
+    the lookback) within twice that, so a Prometheus that drips cannot hold the deciding thread."""
 
     def __init__(self, url: str, *, lookback: float, timeout: float) -> None:
         # The policy checked that the URL is http(s); a job map's answers are small.
@@ -33,10 +34,11 @@ class PrometheusJobMap:
 
     def _values(self, expr: str, label: str) -> list[str]:
         """``label`` of each series of ``expr`` now, else over the lookback window."""
+        client = self._client.within(Deadline(2 * self.timeout))
         for form in (expr, f"last_over_time({expr}[{self.lookback}])"):
             found: list[str] = []
             try:
-                samples = self._client.query(f"count by ({label}) ({form})")
+                samples = client.query(f"count by ({label}) ({form})")
             except PromError as exc:
                 raise BackendError(f"Prometheus query failed: {exc}") from None
             for sample in samples:

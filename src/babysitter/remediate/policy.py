@@ -63,6 +63,12 @@ class Rule:
     undrain_on_resolve: bool = False
     #: None: the policy's default.
     dry_run: bool | None = None
+    #: Which hosts the rule acts on: ``alert`` (the alert's host label) or ``culprit`` (the hosts a
+    #: stall page names as its culprits, annotation ``culprit_hosts``: never a rank that only waits).
+    hosts_from: Literal["alert", "culprit"] = "alert"
+    #: With ``hosts_from: culprit``: a stall naming more culprit hosts than this is not acted on
+    #: (many culprits at once is a job or code problem, not a bad node).
+    max_culprit_hosts: int = 1
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """Every matcher's label is present and fully matches."""
@@ -292,7 +298,7 @@ def _rule(data: object, index: int, backend: BackendKind) -> Rule:
         raise PolicyError(f"{r.at('match')}: required: a mapping of label name to regex, alertname included")
     match: dict[str, re.Pattern[str]] = {}
     for label, pattern in match_data.items():
-        if not isinstance(label, str) or not _LABEL.match(label):
+        if not isinstance(label, str) or not _LABEL.fullmatch(label):
             raise PolicyError(f"{r.at('match')}: {label!r} is not a label name")
         match[label] = _regex(pattern, f"{r.at('match')}.{label}")
     if "alertname" not in match:
@@ -313,15 +319,43 @@ def _rule(data: object, index: int, backend: BackendKind) -> Rule:
         actions.append(cast("Action", action))
     reason = r.string("reason", f"{{alertname}} ({name})") or name
     for field_name in _FIELD.findall(reason):
-        if not _LABEL.match(field_name):
+        if not _LABEL.fullmatch(field_name):
             raise PolicyError(f"{r.at('reason')}: {{{field_name}}} is not a label name")
     firing_for = r.duration("firing_for", "0s", positive=False)
     undrain = bool(r.boolean("undrain_on_resolve", False))
     if undrain and "drain" not in actions:
         raise PolicyError(f"{r.at('undrain_on_resolve')}: the rule does not drain")
     dry_run = r.boolean("dry_run", None)
-    r.done(("name", "match", "actions", "reason", "firing_for", "undrain_on_resolve", "dry_run"))
-    return Rule(name, match, tuple(actions), reason, firing_for, undrain, dry_run)
+    hosts_from = r.string("hosts_from", "alert")
+    if hosts_from not in ("alert", "culprit"):
+        raise PolicyError(f"{r.at('hosts_from')}: {hosts_from!r} is not alert or culprit")
+    max_culprit_hosts = r.integer("max_culprit_hosts", 1, minimum=1) or 1
+    if max_culprit_hosts != 1 and hosts_from != "culprit":
+        raise PolicyError(f"{r.at('max_culprit_hosts')}: only with hosts_from: culprit")
+    r.done(
+        (
+            "name",
+            "match",
+            "actions",
+            "reason",
+            "firing_for",
+            "undrain_on_resolve",
+            "dry_run",
+            "hosts_from",
+            "max_culprit_hosts",
+        )
+    )
+    return Rule(
+        name,
+        match,
+        tuple(actions),
+        reason,
+        firing_for,
+        undrain,
+        dry_run,
+        cast("Literal['alert', 'culprit']", hosts_from),
+        max_culprit_hosts,
+    )
 
 
 def parse_policy(data: object, *, base: Path | None = None) -> Policy:
@@ -392,7 +426,7 @@ def parse_policy(data: object, *, base: Path | None = None) -> Policy:
 
     h = top.section("hosts")
     host_label = h.string("label", "instance") or "instance"
-    if not _LABEL.match(host_label):
+    if not _LABEL.fullmatch(host_label):
         raise PolicyError(f"hosts.label: {host_label!r} is not a label name")
     host_pattern = _regex(h.take("pattern", Hosts().pattern.pattern), "hosts.pattern")
     if host_pattern.groups != 1:
@@ -405,7 +439,7 @@ def parse_policy(data: object, *, base: Path | None = None) -> Policy:
         raise PolicyError(f"jobs.prometheus_url: {prometheus_url!r} is not an http(s) URL")
     job_labels = j.strings("labels", Jobs.labels)
     for label in job_labels:
-        if not _LABEL.match(label):
+        if not _LABEL.fullmatch(label):
             raise PolicyError(f"jobs.labels: {label!r} is not a label name")
     jobs = Jobs(
         labels=job_labels,
@@ -467,7 +501,7 @@ def parse_policy(data: object, *, base: Path | None = None) -> Policy:
         raise PolicyError(f"run_dirs: {run_dirs!r} must contain {{run}}")
     cluster = top.string("cluster")
     cluster_label = top.string("cluster_label", "cluster") or "cluster"
-    if not _LABEL.match(cluster_label):
+    if not _LABEL.fullmatch(cluster_label):
         raise PolicyError(f"cluster_label: {cluster_label!r} is not a label name")
     dry_run = bool(top.boolean("dry_run", False))
     pending_ttl = top.duration("pending_ttl", "24h")

@@ -3,6 +3,10 @@
 Pure bookkeeping with the time passed in, so alert storms can be replayed in property tests at any
 speed. The remediator consults it before every action and records every action it took (dry runs
 too: a dry run rehearses the rails as well), and rebuilds it from the audit log at start.
+
+It also keeps, per host, the drain this remediator made (:class:`Drained`: for which alert, with which
+reason, rehearsed or real): an undrain undoes only that drain, only while the scheduler still shows
+that reason, and never undoes for real a drain that was only rehearsed.
 """
 
 from __future__ import annotations
@@ -13,12 +17,22 @@ from dataclasses import dataclass, field
 
 from babysitter.remediate.policy import DrainCap, RateLimit
 
-__all__ = ["DISRUPTIVE", "Rails"]
+__all__ = ["DISRUPTIVE", "Drained", "Rails"]
 
 #: Actions the rate limit counts (an annotation changes nothing a job depends on).
 DISRUPTIVE = frozenset({"drain", "undrain", "requeue"})
 #: Idempotency keys are forgotten after this long (an alert firing for a month is still one episode).
 KEY_TTL = 30 * 86400.0
+
+
+@dataclass(frozen=True)
+class Drained:
+    """A drain this remediator made: why (the reason it gave the scheduler), for which alert, when."""
+
+    reason: str
+    alert_key: str | None
+    dry_run: bool
+    t: float
 
 
 @dataclass
@@ -33,6 +47,8 @@ class Rails:
     _requeued: dict[str, float] = field(default_factory=dict)
     #: host -> keys of the alerts that keep it drained (an undrain waits until none is left).
     holders: dict[str, set[str]] = field(default_factory=dict)
+    #: host -> the drain this remediator made there and has not undone.
+    made: dict[str, Drained] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- rate limit
 
@@ -97,8 +113,11 @@ class Rails:
         job: str | None = None,
         alert_key: str | None = None,
         done: bool = True,
+        reason: str | None = None,
+        dry_run: bool = False,
     ) -> None:
-        """Account for one action attempt; ``done`` marks it taken (ok or dry run), not failed."""
+        """Account for one action attempt; ``done`` marks it taken (ok or dry run), not failed. A drain's
+        ``reason`` and ``dry_run`` are what a later undrain checks."""
         if action in DISRUPTIVE:
             self._actions.append(now)
         if not done:
@@ -107,10 +126,12 @@ class Rails:
             self._done[key] = now
         if action == "drain" and host is not None:
             self._drains[host] = now
+            self.made[host] = Drained(reason or "", alert_key, dry_run, now)
             if alert_key is not None:
                 self.holders.setdefault(host, set()).add(alert_key)
         elif action == "undrain" and host is not None:
             self.holders.pop(host, None)
+            self.made.pop(host, None)
         elif action == "requeue" and job is not None:
             self._requeued[job] = now
         self._prune(now)
@@ -130,6 +151,8 @@ class Rails:
     def _prune(self, now: float) -> None:
         if len(self._done) > 100_000 or (self._done and min(self._done.values()) < now - KEY_TTL):
             self._done = {k: t for k, t in self._done.items() if t >= now - KEY_TTL}
+        for name in [n for n, d in self.made.items() if d.t < now - KEY_TTL]:
+            del self.made[name]
         horizon = now - max(self.cap.window, self.rate.window)
         for table in (self._drains, self._requeued):
             for name in [n for n, t in table.items() if t <= horizon]:

@@ -5,19 +5,21 @@ run is still alive more often than not (a drained host's job is requeued while i
 the remediator never writes the ledger itself: it appends one JSON line per remediation to
 ``remediations.jsonl`` in the run directory (``O_APPEND``, one ``write`` per line, fsynced), which
 :mod:`babysitter.ledger.remediations` reads back for ``babysitter report`` (the restart's cause, time
-to detect, time to recover). Each line also names the last complete checkpoint the ledger lists, the
-one the requeued job resumes from.
+to detect, time to recover). Each line also names the checkpoint the requeued job should resume from:
+the newest one that verifies (:func:`babysitter.checkpoints.resume_point`: its manifest is there, its
+files have their sizes, the node agent's sentinel found no digest mismatch), not merely the newest the
+ledger lists, and the newer ones it skipped and why.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 from pathlib import Path
 
-from babysitter.ledger.reader import completed_checkpoints
+from babysitter import jsonout
+from babysitter.checkpoints import checkpoint_statuses, resume_point
 from babysitter.ledger.remediations import NOTE_VERSION, NOTES_FILE, note_text
 from babysitter.remediate.engine import Remediation
 
@@ -35,7 +37,7 @@ class RunNotes:
 
     def run_dir(self, run: str) -> Path | None:
         """The run's directory; None when the name could escape the template or the directory is absent."""
-        if not _RUN.match(run) or ".." in run:
+        if not _RUN.fullmatch(run) or ".." in run:
             return None
         path = Path(self.template.replace("{run}", run))
         return path if path.is_dir() else None
@@ -52,7 +54,7 @@ class RunNotes:
             line = note(remediation, run, folder)
             fd = os.open(folder / NOTES_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
             try:
-                os.write(fd, (json.dumps(line, separators=(",", ":"), sort_keys=True) + "\n").encode())
+                os.write(fd, (jsonout.dumps(line, separators=(",", ":"), sort_keys=True) + "\n").encode())
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -77,13 +79,21 @@ def note(remediation: Remediation, run: str, folder: Path) -> dict[str, object]:
     if alert.starts_at > 0:
         line["alert_start"] = round(alert.starts_at, 6)
     try:
-        saved = completed_checkpoints(folder)
+        statuses = checkpoint_statuses(folder)
     except OSError as exc:
         log.warning("babysitter remediate: cannot read the ledger of %s: %s", run, exc)
-        saved = []
-    if saved:
-        line["resume_step"] = saved[-1].step
-        line["resume_path"] = saved[-1].path  # at most the ledger's 1024 characters
+        statuses = []
+    resume = resume_point(statuses)
+    if resume is not None:
+        line["resume_step"] = resume.step
+        line["resume_path"] = resume.path  # at most the ledger's 1024 characters
+        line["resume_verified"] = resume.verified
+    newer = [s for s in statuses if resume is None or s.time > resume.time]
+    if newer:  # the newer checkpoints a resume must not use, and why
+        line["resume_skipped"] = [
+            {"step": s.step, "status": s.status, "reason": s.reason, "file": note_text(s.file)[:200]}
+            for s in newer[-3:]
+        ]
     return line
 
 

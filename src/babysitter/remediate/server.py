@@ -9,14 +9,16 @@ read (the path, the bearer token compared in constant time, a ``Content-Length``
 so an unauthenticated client never makes the receiver buffer a body. Accepted notifications wait in
 a bounded queue (full: 503, so Alertmanager retries later) for the one thread that decides, so the
 rails see one decision at a time. Loopback by default; TLS, and with a client CA mutual TLS, as
-options. ``GET /metrics`` serves the remediator's metrics and ``GET /-/healthy`` answers 200; neither
-needs the token.
+options. It refuses to be built without authentication (a token, or TLS that requires client
+certificates) unless told ``insecure_no_auth``, and then only on a loopback address. ``GET /metrics``
+serves the remediator's metrics and ``GET /-/healthy`` answers 200; neither needs the token.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import queue
@@ -36,7 +38,7 @@ from babysitter.export.server import MetricsServer, Request, Response
 from babysitter.remediate.alerts import Notification, PayloadError, parse_notification
 from babysitter.remediate.engine import Remediator
 
-__all__ = ["MAX_BODY", "WebhookServer"]
+__all__ = ["MAX_BODY", "WebhookServer", "is_loopback"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,16 @@ MAX_BODY = 1024 * 1024
 _TICK = 1.0
 _OK = Response(200, b"ok\n")
 _NOT_FOUND = Response(404, b"not found\n")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a bind address) is a loopback address; ``localhost`` counts."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class WebhookServer:
@@ -64,7 +76,13 @@ class WebhookServer:
         max_connections: int = 32,
         request_timeout: float = 10.0,
         queue_size: int = 64,
+        insecure_no_auth: bool = False,
     ) -> None:
+        mtls = ssl_context is not None and ssl_context.verify_mode == ssl.CERT_REQUIRED
+        if not (token or mtls or insecure_no_auth):
+            raise ValueError("the webhook receiver needs a token or client certificates (mTLS)")
+        if insecure_no_auth and not is_loopback(host):
+            raise ValueError(f"serving without authentication is for loopback addresses only, not {host}")
         self.remediator = remediator
         self.path = path
         self._token = token.encode() if token else None

@@ -10,9 +10,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from babysitter.remediate.alerts import Alert
 from babysitter.remediate.policy import Hosts
 
-__all__ = ["host_of", "render_reason", "valid_host", "valid_job"]
+__all__ = ["CULPRIT_ANNOTATION", "culprit_hosts", "host_of", "render_reason", "valid_host", "valid_job"]
+
+#: The annotation a stall page names its culprits' hosts in (``generate/collectives.py``), comma separated.
+CULPRIT_ANNOTATION = "culprit_hosts"
 
 _HOST = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})$")
 _JOB = re.compile(r"^[0-9]{1,12}(?:_[0-9]{1,9})?$")  # Slurm job id, array task ids as 123_4
@@ -24,12 +28,12 @@ MAX_REASON = 200
 
 def valid_host(name: str) -> bool:
     """A single node name (DNS-ish characters only; no host lists, no spaces)."""
-    return bool(_HOST.match(name))
+    return bool(_HOST.fullmatch(name))
 
 
 def valid_job(job: str) -> bool:
     """A Slurm job id (``123`` or ``123_4``) or a Kubernetes ``namespace/pod``."""
-    return bool(_JOB.match(job) or _POD.match(job))
+    return bool(_JOB.fullmatch(job) or _POD.fullmatch(job))
 
 
 def host_of(labels: Mapping[str, str], hosts: Hosts) -> str | None:
@@ -42,6 +46,35 @@ def host_of(labels: Mapping[str, str], hosts: Hosts) -> str | None:
         return None
     name = match.group(1)
     return name if valid_host(name) else None
+
+
+def culprit_hosts(alert: Alert, hosts: Hosts, limit: int) -> tuple[list[str], str]:
+    """The node names of the hosts an alert names as its culprits, and why (the text for the audit).
+
+    Only the ``culprit_hosts`` annotation counts: the ranks a hung collective waits for, never the
+    ranks that wait. Empty (with the reason) when it names none, a name is not a valid node, or it
+    names more than ``limit`` hosts.
+    """
+    annotations = alert.annotations
+    summary = str(annotations.get("summary", ""))[:300]
+    raw = str(annotations.get(CULPRIT_ANNOTATION, ""))
+    found: list[str] = []
+    for value in (part.strip() for part in raw.split(",")):
+        if not value:
+            continue
+        name = host_of({hosts.label: value}, hosts)
+        if name is None:
+            return [], f"culprit host {value[:64]!r} is not a valid node name"
+        if name not in found:
+            found.append(name)
+    if not found:
+        return (
+            [],
+            f"the alert names no culprit host ({CULPRIT_ANNOTATION} is empty: no rank was found behind)",
+        )
+    if len(found) > limit:
+        return [], f"the alert names {len(found)} culprit hosts ({', '.join(found[:8])}), more than {limit}"
+    return found, f"culprit of the stall: {summary}" if summary else "culprit of the stall"
 
 
 def render_reason(template: str, labels: Mapping[str, str], *, prefix: str = "babysitter: ") -> str:

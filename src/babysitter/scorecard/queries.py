@@ -28,7 +28,7 @@ _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 def duration_seconds(text: str) -> int:
     """Seconds in a one-unit Prometheus duration (``30d``, ``12h``, ``5m``); ValueError otherwise."""
-    match = _DURATION.match(text.strip())
+    match = _DURATION.fullmatch(text.strip())
     if not match or int(match.group(1)) == 0:
         raise ValueError(f"not a duration (a number and one of s, m, h, d, w, y; e.g. 30d): {text!r}")
     return int(match.group(1)) * _UNITS[match.group(2)]
@@ -60,7 +60,7 @@ class QuerySet:
     def __post_init__(self) -> None:
         for name in ("window", "rate_window", "step"):
             duration_seconds(getattr(self, name))
-        if not _LABEL.match(self.by) or self.by.startswith("__"):
+        if not _LABEL.fullmatch(self.by) or self.by.startswith("__"):
             raise ValueError(f"--by must be a label name, got {self.by!r}")
         for name in ("mfu_match", "tracker_selector", "node_selector"):
             value = getattr(self, name)

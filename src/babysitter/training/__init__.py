@@ -7,11 +7,22 @@ Which thread runs what (the hot path is the only code on the training thread eve
                                     event. No lock, no I/O, no tensor read, never raises.
     training thread, now and then   checkpoint_save / checkpoint_load / phase context managers
                                     (events.RunEvents begin/end); straggler.StragglerMonitor issues
-                                    an async gloo all_gather every N steps and reads it later.
+                                    an async gloo all_gather and MAX all_reduce every N steps and
+                                    reads them later.
     housekeeping thread (~1 s)      Tracker.housekeep: fold the ring into histograms and windows,
-                                    read the loss (loss.LossReader) and CUDA events once ready, hand
-                                    step boundaries to the ledger (events.RunEvents, batched).
+                                    read the loss (loss.LossReader) and CUDA events once ready, look
+                                    at every step's loss and gradient norm (nonfinite.NonFiniteWatch),
+                                    hand step boundaries to the ledger (events.RunEvents, batched);
+                                    replicas.ReplicaChecker reads its finished rounds.
+    training thread, every N steps  replicas.ReplicaChecker: queue a parameter fingerprint on the
+                                    device; issue an async gloo all_gather of the last one.
+    manifest thread (after saves)   manifests.ManifestWriter: list, check and hash what a save wrote,
+                                    commit its manifest (babysitter.checkpoints), tell the ledger.
     watchdog thread (~1 s)          watchdog.Watchdog: step age against the hang threshold.
+    collectives thread (~1 s)       collectives.CollectiveMonitor: torch's flight recorder (flight),
+                                    the groups' counters every second, a full dump when a straggler
+                                    round asks (arrival: the score's arithmetic), a stall begins
+                                    or a new group appears; a round's completion stamp.
     scrape (HTTP server thread)     collector.TrackerCollector: Tracker.snapshot -> metric families
                                     named by the catalog; served by babysitter.export.
     OTLP thread (optional)          otlp.OtlpPusher: the same families pushed to a Collector.

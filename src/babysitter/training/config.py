@@ -24,7 +24,24 @@ from babysitter.flops.parallel import ParallelLayout
 from babysitter.labels import sanitize_value, validate_labels
 from babysitter.training.dist import RankInfo, detect_rank
 
-__all__ = ["FlopsChoice", "PeakChoice", "TrackerConfig", "resolve"]
+__all__ = ["MANIFEST_MODES", "FlopsChoice", "PeakChoice", "TrackerConfig", "manifest_mode", "resolve"]
+
+#: ``watch(checkpoint_manifest=...)`` and ``checkpoint_save(manifest=...)`` values
+#: (:mod:`babysitter.training.manifests`).
+MANIFEST_MODES = ("background", "blocking", "off")
+
+
+def manifest_mode(value: object, what: str = "checkpoint_manifest") -> str:
+    """A manifest mode from a setting (``True`` is ``background``, ``False`` is ``off``); ValueError
+    for anything else."""
+    if value is True:
+        return "background"
+    if value is False:
+        return "off"
+    if isinstance(value, str) and value in MANIFEST_MODES:
+        return value
+    raise ValueError(f"{what} must be one of {', '.join(MANIFEST_MODES)} (or True/False), got {value!r}")
+
 
 log = logging.getLogger("babysitter")
 

@@ -58,8 +58,26 @@ class RunEvents(Protocol):
         ok: bool,
         nbytes: int | None,
         path: str | None,
+        manifest: bool = False,
     ) -> None:
-        """The checkpoint save or load of ``step`` ended, successfully or not."""
+        """The checkpoint save or load of ``step`` ended, successfully or not; ``manifest``: the
+        tracker will write the save's manifest (a save without one did not complete)."""
+
+    def checkpoint_manifest(
+        self,
+        *,
+        step: int,
+        time: float,
+        path: str | None,
+        ok: bool,
+        files: int,
+        nbytes: int,
+        alg: str | None,
+        mid: str,
+        why: str,
+    ) -> None:
+        """The manifest of the save of ``step`` at ``path`` was committed (``ok``) or not (``why``);
+        called from the tracker's manifest thread."""
 
     def phase_begin(self, *, name: str, time: float) -> None:
         """A user-marked phase (``eval``, ...) started."""
@@ -69,6 +87,10 @@ class RunEvents(Protocol):
 
     def hang(self, *, time: float, step: int, seconds_since_step: float) -> None:
         """The watchdog found no step finished for far longer than usual."""
+
+    def renumber(self, *, time: float, by: int) -> None:
+        """The training loop numbers steps ``by`` higher than every step handed over so far said
+        (the tracker adopted the loop's numbers after a restart without ``checkpoint_load``)."""
 
     def flush(self, *, durable: bool = False) -> None:
         """Write buffered events; ``durable`` also fsyncs (checkpoint completion, shutdown)."""
@@ -113,6 +135,22 @@ class NullEvents:
         ok: bool,
         nbytes: int | None,
         path: str | None,
+        manifest: bool = False,
+    ) -> None:
+        """Ignored."""
+
+    def checkpoint_manifest(
+        self,
+        *,
+        step: int,
+        time: float,
+        path: str | None,
+        ok: bool,
+        files: int,
+        nbytes: int,
+        alg: str | None,
+        mid: str,
+        why: str,
     ) -> None:
         """Ignored."""
 
@@ -123,6 +161,9 @@ class NullEvents:
         """Ignored."""
 
     def hang(self, *, time: float, step: int, seconds_since_step: float) -> None:
+        """Ignored."""
+
+    def renumber(self, *, time: float, by: int) -> None:
         """Ignored."""
 
     def flush(self, *, durable: bool = False) -> None:

@@ -23,14 +23,17 @@ class Tally:
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def record(self, key: str, detail: object = None) -> None:
-        """Count one event; log it if it is the first with this key. Never raises."""
+    def record(self, key: str, detail: object = None, *, said: str | None = None) -> None:
+        """Count one event; log it if it is the first with this key (as ``said`` when given: what it
+        is, for an event that is no error, a taken port say). Never raises."""
         try:
             with self._lock:
                 first = key not in self._counts
                 self._counts[key] = self._counts.get(key, 0) + 1
             if first:
-                if isinstance(detail, BaseException):
+                if said is not None:
+                    log.warning("%s", said)
+                elif isinstance(detail, BaseException):
                     log.warning(
                         "babysitter: %s in %s (training continues; further ones are only counted): %r",
                         self._what,

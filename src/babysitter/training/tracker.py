@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import sys
 import threading
 import time
@@ -19,26 +20,32 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from babysitter._version import __version__
 from babysitter.catalog import goodput as G
 from babysitter.catalog import train as T
 from babysitter.ledger.records import MAX_INT as _MAX_STEP
-from babysitter.training.config import TrackerConfig
+from babysitter.training.config import TrackerConfig, manifest_mode
 from babysitter.training.events import NullEvents, RunEvents
 from babysitter.training.histogram import Histogram, HistogramSnapshot
 from babysitter.training.loss import LossReader
+from babysitter.training.nonfinite import RING as _LOSS_RING
+from babysitter.training.nonfinite import NonFiniteWatch
 from babysitter.training.tally import Tally
 from babysitter.training.timing import CudaStepTimer
 
-__all__ = ["CheckpointHandle", "Tracker", "TrackerSnapshot"]
+__all__ = ["CheckpointHandle", "CheckpointObserver", "Tracker", "TrackerSnapshot"]
 
 log = logging.getLogger("babysitter")
+_HOST = socket.gethostname()
 
 _RING = 1 << 16  # step boundaries kept between folds: ~65k steps per flush interval
 _MASK = _RING - 1
 _MAX_PHASES = 16
+_LMASK = _LOSS_RING - 1
+if _LMASK != 1023:  # step() spells the loss ring's mask as a literal (a global lookup per step less)
+    raise RuntimeError("the loss ring changed size: update the mask in Tracker.step")
 _perf_ns = time.perf_counter_ns
 
 Item = TypeVar("Item")
@@ -83,16 +90,52 @@ class CheckpointHandle:
     """What ``with tracker.checkpoint_save(...) as ckpt`` yields: set ``nbytes``/``path`` once known.
 
     ``nbytes`` is the size on disk (all files of a sharded checkpoint); the node agent's checkpoint
-    sentinel checks that what the ledger lists is still there with at least that size.
+    sentinel checks that what the ledger lists is still there with at least that size, and with
+    manifests (:mod:`babysitter.training.manifests`) that it matches what was written.
+    ``manifest``: this save's manifest mode (None: the tracker's). :meth:`manifest_after` makes the
+    manifest wait for an asynchronous save's future.
     """
 
-    __slots__ = ("kind", "nbytes", "path", "step")
+    __slots__ = ("future", "kind", "manifest", "nbytes", "path", "step")
 
-    def __init__(self, kind: str, step: int, nbytes: int | None, path: str | None) -> None:
+    def __init__(
+        self, kind: str, step: int, nbytes: int | None, path: str | None, manifest: str | None = None
+    ) -> None:
         self.kind = kind
         self.step = step
         self.nbytes = nbytes
         self.path = path
+        self.manifest = manifest
+        self.future: Any = None
+
+    def manifest_after(self, future: Any) -> None:
+        """Hash the save once ``future`` is done (``torch.distributed.checkpoint.async_save``'s, or any
+        object with ``done()``): the files are still being written when the block ends."""
+        self.future = future
+
+
+class CheckpointObserver(Protocol):
+    """What the tracker tells about each checkpoint save (the manifest writer implements it)."""
+
+    def before_save(self, handle: CheckpointHandle) -> None:
+        """A save's block began."""
+        ...
+
+    def expects(self, handle: CheckpointHandle) -> bool:
+        """Whether a manifest of this save will be written (recorded in the ledger)."""
+        ...
+
+    def in_block(self, handle: CheckpointHandle) -> None:
+        """The save's body ended without an error; its timer still runs."""
+        ...
+
+    def after_save(self, handle: CheckpointHandle, ok: bool) -> None:
+        """The save's block ended (its timer stopped)."""
+        ...
+
+    def close(self) -> None:
+        """The tracker closes: finish what is under way (before the ledger closes)."""
+        ...
 
 
 class _Timed:
@@ -119,6 +162,8 @@ class _CheckpointContext(_Timed):
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if exc_type is None:
+            self._tracker._checkpoint_written(self._handle)
         self._tracker._checkpoint_end(self._handle, self._elapsed_ns(), ok=exc_type is None)
 
 
@@ -174,12 +219,22 @@ class Tracker:
         self._data_wait_ns = 0
         self._stall_ns = 0  # the data wait outside checkpoints and phases: what the ledger books
         self._pause_ns = 0
+        #: True once the loop's own step numbers set or agreed with the counter (a step= it passed, a
+        #: checkpoint load, a save whose step matched): until then a far-off step number is adopted.
+        self._numbered = False
+        #: ``(boundary index, offset, what)``: boundaries before the index are renumbered at the next fold.
+        self._adopt: tuple[int, int, str] | None = None
+        self._step_mismatch_said = False
+        self._mfu_said = False
         self._loss: object = None
         self._r_t = [0] * _RING
         self._r_tok = [0] * _RING
         self._r_pause = [0] * _RING
         self._r_step = [0] * _RING
         self._r_wait = [0] * _RING
+        # Every step's loss, or (loss, gradient norm), by reference, read off the hot path.
+        self._r_loss: list[object] = [None] * _LOSS_RING
+        self._l_scanned = 0
         # --- folded state: guarded by _lock (housekeeping thread and scrapes) ---
         self._lock = threading.Lock()
         self._folded = 0
@@ -209,6 +264,16 @@ class Tracker:
         #: Set by :func:`babysitter.watch` on a CUDA rank: its GPU's ``uuid`` and ``pci_bus_id``
         #: (``training/gpu.py``), exported in ``train_info``; empty values elsewhere.
         self.gpu: dict[str, str] = dict.fromkeys(T.GPU_INFO_LABELS, "")
+        #: Set by :func:`babysitter.watch`: the checkpoint manifests' writer (None: no manifests).
+        self.checkpoint_observer: CheckpointObserver | None = None
+        self._nonfinite = NonFiniteWatch(
+            lambda: f"rank {config.rank.rank} of run {config.run!r} (host {_HOST})",
+            getattr(self._loss_reader, "_training_stream", None),
+        )
+        self._metrics_sources.append(self._nonfinite.metrics)
+        #: Set by :func:`babysitter.watch`: whether torch's flight recorder is read
+        #: (``training/collectives.py``), exported as ``train_info{flight_recorder}``.
+        self.flight_recorder: Callable[[], str] = lambda: ""
 
     # ------------------------------------------------------------------ hot path
 
@@ -219,6 +284,7 @@ class Tracker:
         loss: object = None,
         *,
         step: int | None = None,
+        grad_norm: object = None,
     ) -> None:
         """Mark the end of one optimizer step. Never raises, never synchronizes the device.
 
@@ -227,7 +293,9 @@ class Tracker:
         :func:`watch`); the tracker credits this rank with its share under tensor, pipeline or
         context parallelism. Pass Python ints (``batch.numel()`` is free, a tensor sum is not).
         ``loss``: a number or a (device) tensor, read later off the hot path. ``step``: the global
-        step just completed, when the training loop knows it better.
+        step just completed, when the training loop knows it better. ``grad_norm``: the step's
+        gradient norm (``clip_grad_norm_``'s result, a tensor is fine), read off the hot path like
+        the loss: with the loss it tells at which step this rank stopped being finite.
         """
         try:
             now = _perf_ns()
@@ -256,6 +324,8 @@ class Tracker:
             self._r_pause[j] = self._pause_ns
             self._r_step[j] = self._step
             self._r_wait[j] = self._stall_ns
+            # One store (a tuple only when a gradient norm comes too): where NaN began, read later.
+            self._r_loss[n & 1023] = loss if grad_norm is None else (loss, grad_norm)
             if self._timer is not None:
                 self._timer.mark(n)
             self._n = n + 1
@@ -334,22 +404,60 @@ class Tracker:
             self.rejected.record("step_not_increasing", f"step {step} after {self._step}")
             self._step += 1
         else:
+            if not self._numbered and self._n > 0 and step > self._step + 2:  # type: ignore[operator, unused-ignore]
+                self._adopt = (self._n, step - self._step - 1, f"step(step={step})")  # type: ignore[operator, unused-ignore]
+            self._numbered = True
             self._step = step  # type: ignore[assignment, unused-ignore]
+
+    def _follow(self, step: int, what: str) -> None:
+        """A step number the loop gave a checkpoint save: adopt it when the counter is the tracker's
+        own and far behind (a restart without ``checkpoint_load``: the tracker counted from 0, the
+        loop from its resume step), so the ledger books the restart's lost progress right."""
+        if not self._numbered and step > self._step + 1:
+            self._adopt = (self._n, step - self._step, what)
+            self._step = step
+            self._numbered = True
+        elif abs(step - self._step) <= 1:
+            self._numbered = True
+        elif not self._step_mismatch_said:
+            self._step_mismatch_said = True
+            log.warning(
+                "babysitter: %s while the tracker's step is %d: recorded as given. Lost progress after a "
+                "restart is computed from these step numbers, so they must count optimizer steps as "
+                "tracker.step() does (pass step= to tracker.step() to set the tracker's); logged once",
+                what,
+                self._step,
+            )
 
     # ----------------------------------------------- checkpoints and phases
 
     def checkpoint_save(
-        self, step: int | None = None, nbytes: int | None = None, path: str | None = None
+        self,
+        step: int | None = None,
+        nbytes: int | None = None,
+        path: str | None = None,
+        *,
+        manifest: bool | str | None = None,
     ) -> _CheckpointContext:
         """Time the blocking part of a checkpoint save: ``with tracker.checkpoint_save(step=s) as c:``.
 
         An exception in the body counts as a failed save and propagates. Set ``c.nbytes`` and
-        ``c.path`` inside the block if they are only known after writing.
+        ``c.path`` inside the block if they are only known after writing. With a ``path``, the save's
+        manifest is written as ``watch(checkpoint_manifest=...)`` says, or as ``manifest`` says for
+        this save (``"background"``, ``"blocking"``, ``"off"``; True/False).
         """
-        return _CheckpointContext(self, CheckpointHandle("save", self._checked_step(step), nbytes, path))
+        checked = self._checked_step(step)
+        if step is not None:
+            self._follow(checked, f"checkpoint_save(step={checked})")
+        mode = None if manifest is None else manifest_mode(manifest, "manifest")
+        return _CheckpointContext(self, CheckpointHandle("save", checked, nbytes, path, manifest=mode))
 
     def checkpoint_load(self, step: int | None = None, path: str | None = None) -> _CheckpointContext:
-        """Time a checkpoint load; on success the step counter continues from ``step``."""
+        """Time a checkpoint load; on success the step counter continues from ``step``.
+
+        When the step is only known once the checkpoint is read, set it inside the block:
+        ``with tracker.checkpoint_load(path=p) as c: state = torch.load(p); c.step = state["step"]``.
+        """
         return _CheckpointContext(self, CheckpointHandle("load", self._checked_step(step), None, path))
 
     def phase(self, name: str) -> _PhaseContext:
@@ -367,6 +475,12 @@ class Tracker:
 
     def _checkpoint_begin(self, handle: CheckpointHandle) -> None:
         self._active_pauses += 1
+        observer = self.checkpoint_observer
+        if observer is not None and handle.kind == "save":
+            try:
+                observer.before_save(handle)
+            except Exception as exc:
+                self.errors.record("manifest", exc)
         try:
             # Hand the ledger every step up to this checkpoint before the checkpoint itself, so a
             # crash right after the save cannot leave those steps unrecorded (checkpoints are rare
@@ -381,8 +495,19 @@ class Tracker:
         except Exception as exc:
             self.errors.record("ledger", exc)
 
+    def _checkpoint_written(self, handle: CheckpointHandle) -> None:
+        """The body of a save ended without an error, its timer still running (a blocking manifest)."""
+        observer = self.checkpoint_observer
+        if observer is None or handle.kind != "save":
+            return
+        try:
+            observer.in_block(handle)
+        except Exception as exc:
+            self.errors.record("manifest", exc)
+
     def _checkpoint_end(self, handle: CheckpointHandle, elapsed_ns: int, *, ok: bool) -> None:
         self._active_pauses -= 1
+        observer = self.checkpoint_observer if handle.kind == "save" else None
         try:
             self._pause_ns += elapsed_ns
             seconds = elapsed_ns / 1e9
@@ -404,8 +529,14 @@ class Tracker:
                     if self._load_hist is None:
                         self._load_hist = Histogram(())
                     self._load_hist.observe(seconds)
+            step = handle.step  # the block may set it: a load learns its step from the checkpoint
+            if step.__class__ is not int or not 0 <= step <= _MAX_STEP:
+                self.rejected.record("checkpoint_step_invalid", f"step={step!r}")
+                handle.step = self._step
             if handle.kind == "load" and ok:
                 self._step = handle.step
+                self._nonfinite.reset()  # a rollback: what was not finite before is behind us
+                self._numbered = True
             self._events.checkpoint_end(
                 kind=handle.kind,  # type: ignore[arg-type]
                 step=handle.step,
@@ -413,11 +544,17 @@ class Tracker:
                 ok=ok,
                 nbytes=nbytes,
                 path=_absolute(handle.path),
+                manifest=ok and observer is not None and observer.expects(handle),
             )
             if ok and handle.kind == "save":
                 self._events.flush(durable=True)
         except Exception as exc:
             self.errors.record("checkpoint", exc)
+        if observer is not None:
+            try:
+                observer.after_save(handle, ok)
+            except Exception as exc:
+                self.errors.record("manifest", exc)
 
     def _phase_begin(self, name: str) -> None:
         self._active_pauses += 1
@@ -450,7 +587,8 @@ class Tracker:
         with self._lock:
             self._fold_locked()
 
-    def _fold_locked(self) -> None:
+    def _fold_locked(self) -> bool:
+        """Fold; True when step boundaries were handed to the ledger."""
         n = self._n
         start = self._folded
         dropped = 0
@@ -462,6 +600,8 @@ class Tracker:
             self.errors.record("ring_overrun", f"{dropped} step boundaries not folded one by one")
             start = n - _RING
         r_t, r_pause, r_step, r_wait = self._r_t, self._r_pause, self._r_step, self._r_wait
+        if self._adopt is not None:
+            self._apply_adoption(start, n)
         boundaries: list[tuple[int, float]] = []
         waits: list[float] = []
         stall = self._fold_stall_ns
@@ -500,6 +640,31 @@ class Tracker:
             self._fold_tokens = tokens
             self._fold_data_wait_ns = data_wait_ns
             self._fold_stall_ns = stall
+        return bool(boundaries)
+
+    def _apply_adoption(self, start: int, n: int) -> None:
+        """Renumber what the tracker counted itself: in the ledger (what it holds) and in the ring."""
+        assert self._adopt is not None
+        at, offset, what = self._adopt
+        self._adopt = None
+        if offset <= 0:
+            return
+        try:
+            self._events.renumber(time=time.time(), by=offset)
+        except Exception as exc:
+            self.errors.record("ledger", exc)
+        r_step = self._r_step
+        for i in range(start, min(at, n)):
+            r_step[i & _MASK] += offset
+        log.warning(
+            "babysitter: %s while this process's tracker had counted %d step(s) itself: adopting the "
+            "training loop's step numbers (+%d), so the ledger books this restart's resume step and lost "
+            "progress right. Call tracker.checkpoint_load(step=...) around the restore to also time it "
+            "(and pass step= to tracker.step()); logged once",
+            what,
+            at,
+            offset,
+        )
 
     def _window_rate(self) -> float | None:
         """Tokens per second of active (non-paused) time over the sliding window; None if unknown.
@@ -601,6 +766,7 @@ class Tracker:
             "flops_source": config.flops.source,
             **config.parallel.labels(),
             **self.gpu,
+            "flight_recorder": self.flight_recorder(),
         }
 
     def event_metrics(self, label_names: list[str], label_values: list[str]) -> Iterable[Any]:
@@ -680,29 +846,101 @@ class Tracker:
         while not self._stop.wait(self.config.flush_interval):
             self.housekeep()
 
+    def _scan_losses_locked(self) -> None:
+        """Hand every step's loss and gradient norm since the last pass to the non-finite watch."""
+        n = self._n
+        start = self._l_scanned
+        if n - start > _LOSS_RING:
+            self._nonfinite.dropped += n - start - _LOSS_RING
+            start = n - _LOSS_RING
+        entries: list[tuple[int, object, object]] = []
+        r_loss, r_step = self._r_loss, self._r_step
+        for i in range(start, n):
+            k = i & _LMASK
+            value = r_loss[k]
+            if value is None:
+                continue
+            r_loss[k] = None
+            if value.__class__ is tuple:
+                entries.append((r_step[i & _MASK], *value))
+            else:
+                entries.append((r_step[i & _MASK], value, None))
+        self._l_scanned = n
+        self._nonfinite.scan(entries)
+
     def housekeep(self) -> None:
-        """One pass: fold the ring, read the loss, run the hooks. Never raises."""
+        """One pass: fold the ring, read the loss, run the hooks. Never raises.
+
+        New steps are written to the ledger now, not at the writer's next timer: a SIGKILL then
+        loses at most one ``flush_interval`` of progress, right after a checkpoint too (the writer's
+        timer restarts at each checkpoint's write, so its next batch came a whole timer later).
+        Scrapes fold too but do not ask for a write: their steps go out with the next pass.
+        """
         try:
             with self._lock:
-                self._fold_locked()
+                folded = self._fold_locked()
                 try:
                     self._loss_reader.poll(self._loss)
                 except Exception as exc:
                     self.errors.record("loss", exc)
                     self._loss = None
+                try:
+                    self._scan_losses_locked()
+                except Exception as exc:
+                    self.errors.record("nonfinite", exc)
+            if folded:
+                self._events.flush()
         except Exception as exc:
             self.errors.record("housekeeping", exc)
+        self._check_mfu()
         for hook in list(self._housekeeping_hooks):
             try:
                 hook(self)
             except Exception as exc:
                 self.errors.record("housekeeping_hook", exc)
 
+    def _check_mfu(self) -> None:
+        """Say once when MFU comes out above 1: no device beats its dense peak, so the peak (or the
+        FLOPs per token) is wrong, and every MFU of the run with it (issue 22)."""
+        if self._mfu_said:
+            return
+        peak, flops = self.config.peak.flops_per_second, self.config.flops.model
+        if not peak or not flops or self._n < 3:
+            return
+        try:
+            rate = self._window_rate()
+        except Exception as exc:
+            self.errors.record("mfu_check", exc)
+            return
+        if rate is None:
+            return
+        mfu = self._share(rate) * flops / peak
+        if mfu > 1.0:
+            self._mfu_said = True
+            log.warning(
+                "babysitter: MFU is %.2f, above 1: the peak FLOP/s (%.3g, %s for %s on %s) is below "
+                "what this rank achieves, or the model FLOPs per token (%.3g, %s) are too high. Check "
+                "peak_flops=, device= and dtype= (the dense peak of the dtype the matmuls run in) and "
+                "flops_per_token=; logged once",
+                mfu,
+                peak,
+                self.config.peak.source,
+                self.config.peak.dtype,
+                self.config.peak.device,
+                flops,
+                self.config.flops.source,
+            )
+
     def close(self, *, clean: bool = True) -> None:
         """Flush everything, close the ledger, stop serving metrics. Idempotent, never raises."""
         if self._closed:
             return
         self._closed = True
+        if self.checkpoint_observer is not None:  # its last manifests go to the ledger before it closes
+            try:
+                self.checkpoint_observer.close()
+            except Exception as exc:
+                self.errors.record("close", exc)
         try:
             self._stop.set()
             if self._thread is not None and self._thread is not threading.current_thread():
@@ -733,6 +971,7 @@ class Tracker:
         self._close_hooks.clear()
         self._housekeeping_hooks.clear()
         self._events = NullEvents()
+        self.checkpoint_observer = None
         self.metrics_url = None
 
     def add_close_hook(self, hook: Callable[[], None]) -> None:

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from babysitter._version import __version__
 from babysitter.export.http import TLSConfig, serve
 from babysitter.training.collector import TrackerCollector
-from babysitter.training.config import TrackerConfig, resolve
+from babysitter.training.config import TrackerConfig, manifest_mode, resolve
 from babysitter.training.events import NullEvents, RunEvents
 from babysitter.training.loss import LossReader
 from babysitter.training.timing import CudaStepTimer
@@ -71,9 +71,13 @@ def watch(
     hang_kill_signal: int | None = None,
     straggler_every: int | None = None,
     straggler_timeout: float = 300.0,
+    flight_recorder: bool = True,
     otlp_endpoint: str | None = None,
     otlp_interval: float = 15.0,
     otlp_headers: Mapping[str, str] | None = None,
+    checkpoint_manifest: bool | str = "background",
+    replica_check_every: int | None = None,
+    replica_ranks: object = None,
 ) -> Tracker:
     """Start tracking this training process and serve its metrics.
 
@@ -128,31 +132,53 @@ def watch(
             ``train_straggler_score`` (gloo, async, no device sync); None (default) keeps it off.
             It creates a process group, so every rank must call ``watch()`` at the same point.
         straggler_timeout: seconds an exchange may take before the scores turn themselves off.
+        flight_recorder: read torch's flight recorder (``training/collectives.py``): the collectives
+            each rank enqueued give lockstep runs an arrival-based straggler score and name the rank
+            a hung collective waits for. ``watch()`` sets ``TORCH_FR_BUFFER_SIZE`` (torch 2.13's
+            default, 2000) when unset, which counts if it runs before the first collective; False
+            leaves torch's environment alone and reads nothing.
         otlp_endpoint: also push the metrics to this OpenTelemetry Collector (OTLP/HTTP URL)
             every ``otlp_interval`` seconds, with ``otlp_headers``.
+        checkpoint_manifest: after each ``checkpoint_save(path=...)``, write a manifest of what was
+            saved (files, sizes, SHA-256 per 16 MiB chunk; docs/checkpoints.md): ``"background"``
+            (default: off the training thread, after the save's blocking part), ``"blocking"`` (inside
+            the save's block: its blocking time includes the hashing) or ``"off"``.
+        replica_check_every: every this many steps, fingerprint this rank's parameters on their
+            device and compare them with its data-parallel replicas' over gloo (no device sync on the
+            hot path); a rank that disagrees exports ``train_replica_mismatch_step``. None (default)
+            keeps it off. Like ``straggler_every`` it creates a process group at ``watch()``.
+        replica_ranks: the ranks that hold the same parameters as this one (itself included), or a
+            1-D DeviceMesh of them (``mesh["dp_replicate"]`` under HSDP); default: the ranks with this
+            rank's tensor, context and pipeline coordinates (Megatron-LM's and torchtitan's rank
+            order), or what the model's DTensor placements say.
     """
-    config = resolve(
-        model=model,
-        run=run,
-        tokens_per_step=tokens_per_step,
-        samples_per_step=samples_per_step,
-        parallelism=parallelism,
-        flops_per_token=flops_per_token,
-        hardware_flops_per_token=hardware_flops_per_token,
-        seq_len=seq_len,
-        peak_flops=peak_flops,
-        dtype=dtype,
-        device=device,
-        port=port,
-        addr=addr,
-        tls=tls,
-        registry_dir=registry_dir,
-        run_dir=run_dir,
-        labels=labels,
-        flush_interval=flush_interval,
-        mfu_window=mfu_window,
-        timing=timing,
-    )
+    try:
+        config = resolve(
+            model=model,
+            run=run,
+            tokens_per_step=tokens_per_step,
+            samples_per_step=samples_per_step,
+            parallelism=parallelism,
+            flops_per_token=flops_per_token,
+            hardware_flops_per_token=hardware_flops_per_token,
+            seq_len=seq_len,
+            peak_flops=peak_flops,
+            dtype=dtype,
+            device=device,
+            port=port,
+            addr=addr,
+            tls=tls,
+            registry_dir=registry_dir,
+            run_dir=run_dir,
+            labels=labels,
+            flush_interval=flush_interval,
+            mfu_window=mfu_window,
+            timing=timing,
+        )
+    except ValueError as exc:
+        # A setup mistake (a dtype typo, a bad layout): raised from this call, without the frames of
+        # the resolution behind it; the message says what to pass.
+        raise exc.with_traceback(None) from None
     runtime = _runtime_parts(
         hang_timeout=hang_timeout,
         hang_factor=hang_factor,
@@ -162,6 +188,14 @@ def watch(
         straggler_every=straggler_every,
         straggler_timeout=straggler_timeout,
     )
+    manifests = manifest_mode(checkpoint_manifest)
+    if replica_check_every is not None:
+        from babysitter.training.replicas import validate
+
+        validate(model, replica_check_every, replica_ranks, config.rank.rank)
+    if not isinstance(flight_recorder, bool):
+        raise ValueError(f"flight_recorder must be True or False, got {flight_recorder!r}")
+    runtime["flight_recorder"] = _flight_recorder(flight_recorder)
     if otlp_endpoint is not None:
         from babysitter.training.otlp import _endpoint
 
@@ -188,7 +222,10 @@ def watch(
     except Exception as exc:
         tracker.errors.record("ledger", exc)
     _export(tracker, config)
+    _start_manifests(tracker, manifests)
     _start_runtime(tracker, runtime)
+    if replica_check_every is not None:
+        _start_replicas(tracker, model, replica_check_every, replica_ranks)
     if otlp_endpoint is not None:
         from babysitter.training.otlp import OtlpPusher
 
@@ -239,17 +276,60 @@ def _runtime_parts(
     }
 
 
+def _flight_recorder(wanted: bool) -> str | None:
+    """Ask torch to record collectives (before its first one, where this runs early enough); None: off."""
+    if not wanted:
+        return None
+    from babysitter.training.flight import enable
+
+    return enable()
+
+
 def _start_runtime(tracker: Tracker, runtime: dict[str, Any]) -> None:
     from babysitter.training.straggler import StragglerMonitor
     from babysitter.training.watchdog import Watchdog
 
+    collectives = _collectives(tracker, runtime)
     if runtime["hang"]:
-        Watchdog(tracker, **runtime["watchdog"]).start()
+        report = collectives.describe if collectives is not None else None
+        Watchdog(tracker, **runtime["watchdog"], report=report).start()
     every = runtime["straggler_every"]
     if every is not None:
-        monitor = StragglerMonitor(tracker, every=every, timeout=runtime["straggler_timeout"])
-        if monitor.start():
+        monitor = StragglerMonitor(
+            tracker, every=every, timeout=runtime["straggler_timeout"], collectives=collectives
+        )
+        if monitor.start() or monitor.waiting:
             monitor.attach()
+
+
+def _start_manifests(tracker: Tracker, mode: str) -> None:
+    from babysitter.training.manifests import ManifestWriter
+
+    writer = ManifestWriter(tracker, mode=mode)
+    tracker.checkpoint_observer = writer
+    tracker.add_metrics_source(writer.metrics)
+
+
+def _start_replicas(tracker: Tracker, model: object, every: int, ranks: object) -> None:
+    from babysitter.training.replicas import ReplicaChecker
+
+    checker = ReplicaChecker(tracker, model, every=every, ranks=ranks)
+    if checker.start():
+        checker.attach()
+
+
+def _collectives(tracker: Tracker, runtime: dict[str, Any]) -> Any:
+    """The flight-recorder reader, where the recorder is wanted (else None). Its thread does nothing
+    until torch.distributed is initialized (it looks once a second), whenever torch is imported."""
+    enabled = runtime.get("flight_recorder")
+    if enabled is None:
+        return None
+    from babysitter.training.collectives import CollectiveMonitor
+
+    floor = min(30.0, float(runtime["watchdog"]["floor"]))
+    monitor = CollectiveMonitor(tracker, stall_floor=floor, enabled=enabled)
+    tracker.flight_recorder = monitor.info
+    return monitor.start()
 
 
 def _cuda_parts(config: TrackerConfig) -> tuple[CudaStepTimer | None, LossReader]:
@@ -321,7 +401,13 @@ def _export(tracker: Tracker, config: TrackerConfig) -> None:
     tracker.add_close_hook(endpoint.close)
     if endpoint.requested_port not in (0, endpoint.port):
         tracker.errors.record(
-            "port_in_use", f"port {endpoint.requested_port} taken, serving on {endpoint.port}"
+            "port_in_use",
+            f"port {endpoint.requested_port} taken, serving on {endpoint.port}",
+            said=(
+                f"babysitter: metrics port {endpoint.requested_port} is taken (another process on this "
+                f"host); serving on {endpoint.url} instead, which the node agent finds through the "
+                f'registration (counted in babysitter_internal_errors_total{{where="port_in_use"}})'
+            ),
         )
     _register(tracker, config, endpoint.url)
 

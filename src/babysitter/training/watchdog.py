@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,8 @@ class Watchdog:
         kill_signal: a signal to send this process after the dump (e.g. ``signal.SIGABRT`` so that
             torchrun restarts the job); None (the default) only records.
         interval: seconds between checks.
+        report: more text for the dump (the flight recorder's view of this rank's collectives:
+            which one it waits in, the last it completed), never raising.
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class Watchdog:
         dump_dir: str | os.PathLike[str] | None = None,
         kill_signal: int | None = None,
         interval: float = 1.0,
+        report: Callable[[], str] | None = None,
     ) -> None:
         validate_options(
             timeout=timeout,
@@ -109,6 +112,7 @@ class Watchdog:
         self.dump_dir = Path(dump_dir) if dump_dir is not None else default_dump_dir(tracker)
         self.kill_signal = kill_signal
         self.interval = float(interval)
+        self.report = report
         self.hangs = 0
         self.last_dump: Path | None = None
         self._in_hang = False
@@ -207,6 +211,7 @@ class Watchdog:
                     f"step: {self.tracker.global_step}\nseconds since last step: {age:.1f}\n"
                     f"threshold seconds: {threshold:.1f}\ntime: {stamp}\n\n"
                 )
+                out.write(self._report())
                 out.write(format_stacks(sys._current_frames().items(), threading.enumerate()))
                 out.write("\n--- faulthandler (all threads, C-level view) ---\n")
                 out.flush()
@@ -216,6 +221,15 @@ class Watchdog:
             return None
         self.last_dump = path
         return path
+
+    def _report(self) -> str:
+        if self.report is None:
+            return ""
+        try:
+            return self.report() + "\n"
+        except Exception as exc:
+            self.tracker.errors.record("hang_report", exc)
+            return ""
 
     # ------------------------------------------------------------------ metrics
 

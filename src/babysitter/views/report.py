@@ -7,14 +7,24 @@ otherwise, which the caller turns into a message).
 
 from __future__ import annotations
 
+import math
 import time
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from babysitter.checkpoints import CheckpointStatus
 from babysitter.ledger.summary import RunSummary
 
-__all__ = ["CAUSE_COLORS", "advice_line", "render_png", "render_table"]
+__all__ = [
+    "CAUSE_COLORS",
+    "advice_line",
+    "legend",
+    "render_checkpoints",
+    "render_png",
+    "render_table",
+    "resume_lines",
+]
 
 #: One color per cause, stable across reports (colorblind-friendly where it matters most).
 CAUSE_COLORS = {
@@ -104,16 +114,26 @@ def render_table(summary: RunSummary, console: Any = None) -> None:
         "wall", _dur(t.wall_seconds), "100%", *[_dur(w.wall_seconds) for w in summary.windows.values()]
     )
     console.print(causes)
-    incs = Table(title="Incarnations")
-    for col in ("#", "host", "pid", "start (UTC)", "duration", "resumed", "steps", "step time", "ending"):
-        incs.add_column(col, justify="right" if col in ("#", "pid", "resumed", "steps") else "left")
+    # At 80 columns nothing is cut (issue 22): start times without the date when the run's
+    # incarnations share one (in the title), headers never narrower than their longest word, long
+    # values wrapped rather than cut.
+    days = {_utc(inc.start)[:10] for inc in summary.incarnations}
+    one_day = len(days) == 1
+    incs = Table(title=f"Incarnations (start times UTC{f', {next(iter(days))}' if one_day else ''})")
+    for col in ("#", "host", "pid", "start", "length", "resumed", "steps", "step time", "ending"):
+        incs.add_column(
+            col.replace(" ", "\n"),
+            justify="right" if col in ("#", "pid", "resumed", "steps") else "left",
+            min_width=max(len(word) for word in col.split()),
+            overflow="fold",
+        )
     for inc in summary.incarnations:
         steps = "-" if inc.first_step is None else f"{inc.first_step}..{inc.last_step}"
         incs.add_row(
             str(inc.index),
             Text(inc.host),  # from the ledger file: never markup
             str(inc.pid),
-            _utc(inc.start),
+            _utc(inc.start)[11:] if one_day else _utc(inc.start)[5:],
             _dur(inc.end - inc.start),
             "-" if inc.resumed_from is None else str(inc.resumed_from),
             steps,
@@ -123,6 +143,44 @@ def render_table(summary: RunSummary, console: Any = None) -> None:
     console.print(incs)
     _render_restarts(summary, console)
     _render_advice(summary, console)
+
+
+def resume_lines(statuses: list[CheckpointStatus], resume: CheckpointStatus | None) -> list[tuple[str, str]]:
+    """(style, text) lines: the checkpoint to resume from, then each newer one a resume must skip."""
+    if not statuses:
+        return []
+    if resume is None:
+        head = ("bold red", "resume from: no checkpoint of this run verifies")
+    elif resume.verified:
+        head = (
+            "bold green",
+            f"resume from: step {resume.step} ({resume.path}), verified against its manifest",
+        )
+    else:
+        head = (
+            "yellow",
+            f"resume from: step {resume.step} ({resume.path}); no manifest, its size is all that was checked",
+        )
+    out = [head]
+    for s in statuses:
+        if resume is not None and s.time <= resume.time:
+            continue
+        where = f" {s.file}:" if s.file else ""
+        style = "yellow" if s.status == "pending" else "red"
+        out.append((style, f"  step {s.step} is {s.status}:{where} {s.detail or s.reason}".rstrip()))
+    return out
+
+
+def render_checkpoints(
+    statuses: list[CheckpointStatus], resume: CheckpointStatus | None, console: Any = None
+) -> None:
+    """Print :func:`resume_lines` with rich (to ``console``, default stdout)."""
+    from rich.console import Console
+    from rich.text import Text
+
+    console = console or Console()
+    for style, line in resume_lines(statuses, resume):
+        console.print(Text(line, style=style))  # paths and details from files: never markup
 
 
 def _pct(value: float | None) -> str:
@@ -155,8 +213,14 @@ def advice_line(summary: RunSummary) -> str:
             f"{now}): expected goodput {_pct(a.expected_goodput_recommended)} vs "
             f"{_pct(a.expected_goodput_current)} now{gain}"
         )
-    data = "" if a.sufficient else "INSUFFICIENT DATA: "
-    return f"{head}. Inputs: {'; '.join(inputs) or 'none yet'}. {data}{a.note}."
+    note = a.note
+    data = ""
+    if not a.sufficient:
+        # Said once, loudly: the advisor's note may already begin with it (issue 22).
+        data = "INSUFFICIENT DATA: "
+        if note.lower().startswith("insufficient data: "):
+            note = note[len("insufficient data: ") :]
+    return f"{head}. Inputs: {'; '.join(inputs) or 'none yet'}. {data}{note}."
 
 
 def _render_advice(summary: RunSummary, console: Any) -> None:
@@ -245,7 +309,7 @@ def render_png(summary: RunSummary, path: Path, *, now: float | None = None) -> 
             summary.accountant, now=now if summary.state != "ended" else None, live=summary.state == "running"
         )
         by_cause: dict[str, list[tuple[float, float]]] = {}
-        for sp in spans:
+        for sp in [*spans, *_stall_spans(summary)]:
             by_cause.setdefault(sp.cause, []).append((x(sp.begin), (sp.end - sp.begin) / scale))
         order = ("startup", "downtime", "lost_progress", "hang", "other")
         for cause in sorted(by_cause, key=lambda c: order.index(c) if c in order else len(order)):
@@ -253,10 +317,19 @@ def render_png(summary: RunSummary, path: Path, *, now: float | None = None) -> 
             ax_t.broken_barh(bars, (0.0, 0.8), facecolors=CAUSE_COLORS.get(cause, "#000000"))
         ax_t.set_yticks([0.4, 1.5], labels=["badput", "incarnations"])
         ax_t.set_ylim(-0.2, 2.6)
+        # Every cause the run has badput of, with its total: one booked in slivers too thin to see
+        # (a data stall spread over many steps) is in the legend all the same (issue 22).
+        present = [c for c, v in t.badput_seconds.items() if v > 0]
         handles = [Patch(color=_INCARNATION_COLOR, label="incarnation")]
-        handles += [Patch(color=CAUSE_COLORS.get(c, "#000000"), label=c) for c in by_cause]
+        handles += [
+            Patch(color=CAUSE_COLORS.get(c, "#000000"), label=f"{c} {_dur(t.badput_seconds[c])}")
+            for c in present
+        ]
         ax_t.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        for begin, width in by_cause.get("hang", ()):  # the step that hung is marked, not plotted to scale
+            ax_s.axvspan(begin, begin + width, color=CAUSE_COLORS["hang"], alpha=0.25, lw=0)
         any_mfu = False
+        steps_seen: list[float] = []
         total_points = sum(len(inc.points) for inc in summary.timeline.incarnations) or 1
         for full in summary.timeline.incarnations:
             # About 4000 points for the whole figure, shared by the incarnations by their length.
@@ -266,12 +339,14 @@ def render_png(summary: RunSummary, path: Path, *, now: float | None = None) -> 
             marker = "." if total_points < 300 else None
             xs, ys = _broken([x(p.time) for p in points], [p.step_seconds for p in points])
             ax_s.plot(xs, ys, lw=0.8, color="#1f77b4", marker=marker)
+            steps_seen += [p.step_seconds for p in points]
             mfu = [(x(p.time), p.mfu) for p in points if p.mfu is not None]
             if mfu:
                 any_mfu = True
                 xs, ys = _broken([a for a, _ in mfu], [b for _, b in mfu])
                 ax_m.plot(xs, ys, lw=0.8, color="#d62728", marker=marker)
         ax_s.set_ylabel("step time (s)")
+        _clip_outliers(ax_s, steps_seen)
         ax_m.set_ylabel("MFU")
         if not any_mfu:
             ax_m.text(0.5, 0.5, "no MFU (peak FLOP/s unknown)", transform=ax_m.transAxes, ha="center")
@@ -282,6 +357,51 @@ def render_png(summary: RunSummary, path: Path, *, now: float | None = None) -> 
         fig.savefig(path, dpi=100)
     finally:
         plt.close(fig)
+
+
+def legend(summary: RunSummary) -> list[tuple[str, str]]:
+    """``(cause, label)`` of every badput cause the run has time in, with its total: the timeline's
+    legend (a data stall spread over many steps draws as slivers too thin to see, but is listed)."""
+    t = summary.totals
+    return [(c, f"{c} {_dur(v)}") for c, v in t.badput_seconds.items() if v > 0]
+
+
+def _stall_spans(summary: RunSummary) -> list[Any]:
+    """Data stalls long enough to see on the timeline (a thousandth of the wall time), where they
+    happened: each step's wait, at the start of its step. Shorter ones are in the legend's total."""
+    from babysitter.ledger.spans import Span
+
+    visible = max(0.001 * summary.totals.wall_seconds, 0.05) * 1e6
+    out = []
+    for inc in summary.timeline.incarnations:
+        for j, wait in enumerate(inc.stall):
+            if wait >= visible:
+                start = inc.ends[j - 1] if j else inc.begin
+                out.append(Span(start / 1e6, (start + wait) / 1e6, "data_stall"))
+    return out
+
+
+def _clip_outliers(ax: Any, values: list[float]) -> None:
+    """Keep a hang's stuck step (28 s among 0.1 s steps) from flattening the step-time panel: the
+    axis stops at 3x the 95th percentile, and what lies above is said on the panel (its span is
+    shaded where the hang was)."""
+    finite = sorted(v for v in values if math.isfinite(v))
+    if len(finite) < 5:
+        return
+    top = 3 * finite[int(0.95 * (len(finite) - 1))]
+    above = [v for v in finite if v > top]
+    if not above or top <= 0:
+        return
+    ax.set_ylim(0, top)
+    ax.text(
+        0.99,
+        0.95,
+        f"{len(above)} point(s) above the axis, up to {max(above):.3g} s (a hang or stall: shaded)",
+        transform=ax.transAxes,
+        ha="right",
+        va="top",
+        fontsize=7,
+    )
 
 
 def _broken(xs: list[float], ys: list[float]) -> tuple[list[float], list[float]]:

@@ -1,15 +1,18 @@
 """Alert rules, each with the promtool test cases that prove it fires and that it stays quiet.
 
 Every alert carries ``severity`` (``critical`` pages, ``warning`` goes to chat), ``component``
-(``training``, ``checkpoint``, ``storage``, ``gpu``, ``node``: what Alertmanager groups and inhibits by),
+(``training``, ``checkpoint``, ``storage``, ``gpu``, ``node``, ``fabric``, ``host``: what Alertmanager
+groups and inhibits by),
 a summary, a description that quotes the value and the labels, and a ``runbook_url`` from the config's
 one pattern. Each alert's test runs promtool against the generated recording and alert rules together:
 quiet cases (before ``for:`` or below the threshold, often next to a healthy twin series) and a firing
 case with its exact labels and rendered annotations.
 
-One module per domain, like the catalog: ``training``, ``checkpoint``, ``node`` (storage probe,
-collectors, the agent and the trainers it fetches), ``gpu`` and ``remediation``; ``_common`` holds the
-types and the fixtures their tests share. ``_GROUPS`` fixes the order of the rule file.
+One module per domain, like the catalog: ``training``, ``checkpoint``, ``integrity`` (silent
+corruption), ``node`` (storage probe, collectors, the agent and the trainers it fetches), ``gpu``,
+``remediation``, ``fabric`` (InfiniBand/RoCE ports, PCIe links and AER) and ``host`` (EDAC, CPU
+thermal, kernel-log trouble); ``_common`` holds the types and the fixtures their tests share.
+``_GROUPS`` fixes the order of the rule file.
 """
 
 from __future__ import annotations
@@ -18,7 +21,11 @@ from collections.abc import Callable
 
 from babysitter.generate.alerts._common import Alert, AlertTest
 from babysitter.generate.alerts.checkpoint import checkpoint_alerts
+from babysitter.generate.alerts.claims import claim_alerts
+from babysitter.generate.alerts.fabric import fabric_alerts
 from babysitter.generate.alerts.gpu import gpu_alerts
+from babysitter.generate.alerts.host import host_alerts
+from babysitter.generate.alerts.integrity import integrity_alerts
 from babysitter.generate.alerts.node import node_alerts, trainer_fetch_alerts
 from babysitter.generate.alerts.remediation import remediation_alerts
 from babysitter.generate.alerts.training import training_alerts
@@ -31,10 +38,14 @@ __all__ = ["Alert", "AlertTest", "alert_groups", "alerts", "test_file"]
 _GROUPS: tuple[tuple[str, Callable[[GenerateConfig, Records], list[Alert]]], ...] = (
     ("babysitter-training.alerts", training_alerts),
     ("babysitter-checkpoint.alerts", checkpoint_alerts),
+    ("babysitter-integrity.alerts", integrity_alerts),
     ("babysitter-node.alerts", node_alerts),
     ("babysitter-trainers.alerts", trainer_fetch_alerts),
+    ("babysitter-claims.alerts", claim_alerts),
     ("babysitter-gpu.alerts", gpu_alerts),
     ("babysitter-remediation.alerts", remediation_alerts),
+    ("babysitter-fabric.alerts", fabric_alerts),
+    ("babysitter-host.alerts", host_alerts),
 )
 
 
@@ -72,7 +83,8 @@ def test_file(alert: Alert, cfg: GenerateConfig, rule_files: list[str]) -> dict[
         {"eval_time": at, "alertname": alert.name, "exp_alerts": []} for at, _why in t.quiet
     ]
     expected = []
-    for labels, (summary, description) in zip(t.fire_labels, t.fire_text, strict=True):
+    extra = t.fire_annotations or tuple({} for _ in t.fire_labels)
+    for labels, (summary, description), more in zip(t.fire_labels, t.fire_text, extra, strict=True):
         expected.append(
             {
                 "exp_labels": {**labels, "component": alert.component, "severity": alert.severity},
@@ -80,13 +92,14 @@ def test_file(alert: Alert, cfg: GenerateConfig, rule_files: list[str]) -> dict[
                     "description": description,
                     "runbook_url": cfg.runbook_url(alert.name),
                     "summary": summary,
+                    **more,
                 },
             }
         )
     cases.append({"eval_time": t.fire_at, "alertname": alert.name, "exp_alerts": expected})
     return {
         "rule_files": rule_files,
-        "evaluation_interval": "1m",
+        "evaluation_interval": t.evaluation_interval,
         "tests": [
             {
                 "interval": t.interval,

@@ -31,6 +31,12 @@ class AlertTest:
     #: Expected summary and description, rendered, one pair per firing alert.
     fire_text: tuple[tuple[str, str], ...]
     interval: str = "1m"
+    #: How often promtool evaluates every rule over the test: a test spanning hours sets it coarser
+    #: (each evaluation runs all the rules, so hours at 1m cost promtool many seconds).
+    evaluation_interval: str = "1m"
+    #: Expected values of the alert's extra annotations (``Alert.annotations``), one mapping per firing
+    #: alert; an annotation that renders empty is absent from what promtool compares.
+    fire_annotations: tuple[Mapping[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,8 @@ class Alert:
     description: str
     for_: str
     test: AlertTest | None = field(default=None, compare=False)
+    #: More annotations (name -> template), e.g. the culprit hosts ``babysitter remediate`` drains.
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     def rule(self, cfg: GenerateConfig) -> dict[str, object]:
         """The rule as it goes into the rule file."""
@@ -56,6 +64,7 @@ class Alert:
             "description": self.description,
             "runbook_url": cfg.runbook_url(self.name),
             "summary": self.summary,
+            **self.annotations,
         }
         return rule
 

@@ -4,6 +4,7 @@ or writes no ledger."""
 from __future__ import annotations
 
 from babysitter.catalog import goodput as G
+from babysitter.catalog import integrity as I
 from babysitter.catalog import node as N
 from babysitter.catalog import runtime as R
 from babysitter.catalog import train as T
@@ -25,6 +26,8 @@ from babysitter.generate.alerts._common import (
     likely_text,
     with_team,
 )
+from babysitter.generate.alerts.integrity import first_nonfinite_text
+from babysitter.generate.collectives import culprit_hosts_text, culprit_short_text, culprit_text, host_text
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.promql import by, new_or_increased, select
 from babysitter.generate.rules import Records
@@ -32,11 +35,44 @@ from babysitter.generate.rules import Records
 __all__ = ["training_alerts"]
 
 
+def _hung_run(run: str, *, stopped: str = "", behind: str = "") -> tuple[tuple[str, str], ...]:
+    """Series of a four-rank run that hangs in all_reduce #1234 of group 0 from 20m (test fixture)."""
+    hosts = {"0": "n1:9400", "1": "n1:9400", "2": "n7:9400", "3": "n8:9400"}
+    out: list[tuple[str, str]] = []
+    for rank, host in hosts.items():
+        labels = _with(_TRAIN, run=run, rank=rank, instance=host)
+        culprit = rank in (stopped, behind)
+        if rank == stopped:
+            out += [*_stepping(labels, "0+60x20"), (_series(R.STALLED_SECONDS, labels), "0+0x20")]
+            out.append((_series(R.COLLECTIVE_LAST_ENQUEUED, _with(labels, pg="0")), "0+62x19 1233"))
+            out.append((_series(N.TRAINER_SCRAPE_SUCCESS, labels), "1+0x20 0+0x40"))
+            info = _with(labels, uuid="GPU-7f3a9c21", pci_bus_id="0000:18:00")
+            out.append((_series(T.INFO, info), "1+0x20"))
+            continue
+        out += [
+            *_stepping(labels, "0+60x20 1200+0x40"),
+            (_series(R.STALLED_SECONDS, labels), "0+0x20 60+60x40"),
+        ]
+        out.append(
+            (
+                _series(R.COLLECTIVE_LAST_ENQUEUED, _with(labels, pg="0")),
+                "0+62x19 " + ("1233+0x40" if culprit else "1234+0x40"),
+            )
+        )
+        out.append((_series(N.TRAINER_SCRAPE_SUCCESS, labels), "1+0x60"))
+        out.append((_series(T.INFO, labels), "1+0x60"))
+        if not culprit:
+            stuck = _with(labels, pg="0", op="all_reduce", size="1024", last_completed="1233")
+            out.append((_series(R.COLLECTIVE_STUCK, stuck), "_x21 1234+0x39"))
+    return tuple(out)
+
+
 def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
     ts, c = cfg.tracker_selector, cfg.cluster_label
     run, on_run = by(r.run_key), f"on ({', '.join(r.run_key)})"
     stall_min = cfg.stall_min_seconds
     likely = likely_text(r.likely_cause, c)
+    culprit, culprit_short = culprit_text(r.collectives, c), culprit_short_text(r.collectives, c)
     remembered = f"max_over_time({r.last_step}[{cfg.stall_lookback_window}])"
     not_answering = f"max {run} ({select(N.TRAINER_SCRAPE_SUCCESS, cfg.node_selector)} == 0)"
     stalled = Alert(
@@ -57,12 +93,14 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
         ),
         severity="critical",
         component="training",
-        summary=f"Run {_l('run')} has not finished a step for {_VD}{likely}.",
+        summary=f"Run {_l('run')} has not finished a step for {_VD}{likely}{culprit_short}.",
         description=(
             f"No rank of run {_l('run')} on cluster {_l(c)} finished a training step for {_VD}; the stall "
             f"threshold is max({stall_min}s, {cfg.stall_step_factor:g} x the run's mean step time over "
             f"{cfg.stall_baseline_window}). The job hangs (collective, data loader, storage) or is stopped."
+            f"{culprit}"
         ),
+        annotations={"culprit_hosts": culprit_hosts_text(r.collectives, c)},
         for_=cfg.stall_for,
         test=AlertTest(
             series=(
@@ -86,6 +124,13 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
                 *_stepping(_with(_TRAIN, run="r6"), "0+60x20 1200+0x40"),
                 (_series(R.STALLED_SECONDS, _with(_TRAIN, run="r6")), "0+0x20 60+60x40"),
                 (_series(R.STALLED_SECONDS, _with(_TRAIN, run="r6", rank="1")), "0+0x20 30+60x40"),
+                # r7, four ranks on three hosts: rank 2 (host n7, its GPU in train_info) is stopped at
+                # 20m (its series vanish, the agent's fetch fails); ranks 0, 1 and 3 hang in all_reduce
+                # #1234 of group 0 and say so from 21m (they report only while stalled).
+                *_hung_run("r7", stopped="2"),
+                # r8: rank 2 is alive but stuck outside any collective (its last one: #1233); the others
+                # wait in #1234 for it.
+                *_hung_run("r8", behind="2"),
             ),
             quiet=(
                 ("23m", "3 min without a step is below the 4 min minimum"),
@@ -95,21 +140,40 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             fire_at="27m",
             fire_labels=(
                 {**_run_labels("r1"), "team": "infra"},
-                *({**_run_labels(name), "team": "training"} for name in ("r3", "r6")),
+                *({**_run_labels(name), "team": "training"} for name in ("r3", "r6", "r7", "r8")),
             ),
             fire_text=tuple(
                 (
-                    f"Run {run_name} has not finished a step for {age}{cause}.",
+                    f"Run {run_name} has not finished a step for {age}{cause}{short}.",
                     f"No rank of run {run_name} on cluster c1 finished a training step for {age}; the stall "
                     "threshold is max(240s, 10 x the run's mean step time over 1h). The job hangs "
-                    "(collective, data loader, storage) or is stopped.",
+                    f"(collective, data loader, storage) or is stopped.{named}",
                 )
-                for run_name, age, cause in (
-                    ("r1", "7m 0s", ": likely gpu fault on host n1:9400"),
-                    ("r3", "7m 0s", ""),
-                    ("r6", "6m 30s", ""),
+                for run_name, age, cause, short, named in (
+                    ("r1", "7m 0s", ": likely gpu fault on host n1:9400", "", ""),
+                    ("r3", "7m 0s", "", "", ""),
+                    ("r6", "6m 30s", "", "", ""),
+                    (
+                        "r7",
+                        "7m 0s",
+                        "",
+                        "; culprit rank 2 on host n7:9400",
+                        " Culprit: rank 2 on host n7:9400 (GPU-7f3a9c21) stopped answering its node agent "
+                        "(a stopped or hard-hung process) while ranks 0, 1, 3 wait in all_reduce #1234 of "
+                        "group 0.",
+                    ),
+                    (
+                        "r8",
+                        "7m 0s",
+                        "",
+                        "; culprit rank 2 on host n7:9400",
+                        " Culprit: rank 2 on host n7:9400 never reached all_reduce #1234 of group 0; "
+                        "ranks 0, 1, 3 wait in it.",
+                    ),
                 )
             ),
+            # Where no rank is named the annotation is empty: babysitter remediate drains nothing.
+            fire_annotations=tuple({"culprit_hosts": hosts} for hosts in ("", "", "", "n7:9400", "n7:9400")),
         ),
     )
     dropped = select(N.TRAINER_REGISTRATIONS_DROPPED, cfg.node_selector)
@@ -252,6 +316,7 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
+    where, where_sentence = host_text(r.collectives, c), host_text(r.collectives, c, sentence=True)
     straggler = Alert(
         name="TrainingStragglerRank",
         expr=(
@@ -263,12 +328,12 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
         ),
         severity="warning",
         component="training",
-        summary=f"Rank {_l('rank')} of run {_l('run')} steps {_V}x slower than the median rank.",
+        summary=f"Rank {_l('rank')} of run {_l('run')}{where} steps {_V}x slower than the median rank.",
         description=(
             f"Rank {_l('rank')} of run {_l('run')} on cluster {_l(c)} is {_V} times slower than the median "
-            f"rank over {cfg.rate_window} (mean step time, or its own work time where the run reports "
-            f"straggler scores). Find its host on the Stragglers dashboard and check that node's GPUs "
-            f"(throttling, Xid), NICs and data loader."
+            f"rank over {cfg.rate_window} (mean step time, or, where the run reports straggler scores, its "
+            f"own work between collectives: the other ranks wait for it).{where_sentence} Check that "
+            f"node's GPUs (throttling, Xid), NICs and data loader; the Stragglers dashboard shows its lag."
         ),
         for_=cfg.straggler_for,
         test=AlertTest(
@@ -285,24 +350,32 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
                 (_series(R.STRAGGLER_SCORE, _with(_TRAIN, run="r2", rank="0")), "1+0x40"),
                 (_series(R.STRAGGLER_SCORE, _with(_TRAIN, run="r2", rank="1")), "1.4+0x40"),
                 (_series(R.STRAGGLER_SCORE, _with(_TRAIN, run="r3", rank="0")), "1.1+0x40"),
+                # r1's rank 2 runs on a GPU train_info names: the page says where.
+                (
+                    _series(
+                        T.INFO, _with(_TRAIN, rank="2", uuid=_GPU["uuid"], pci_bus_id=_GPU["pci_bus_id"])
+                    ),
+                    "1+0x40",
+                ),
             ),
             quiet=(("10m", "before for:"),),
             fire_at="20m",
             fire_labels=(_with(_run_labels(), rank="2"), _with(_run_labels("r2"), rank="1")),
             fire_text=(
                 (
-                    "Rank 2 of run r1 steps 1.5x slower than the median rank.",
-                    "Rank 2 of run r1 on cluster c1 is 1.5 times slower than the median rank over 5m "
-                    "(mean step time, or its own work time where the run reports straggler scores). Find "
-                    "its host on the Stragglers dashboard and check that node's GPUs (throttling, Xid), "
-                    "NICs and data loader.",
+                    "Rank 2 of run r1 on host n1:9400 (GPU-8c5d3f3a) steps 1.5x slower than the median rank.",
+                    "Rank 2 of run r1 on cluster c1 is 1.5 times slower than the median rank over 5m (mean "
+                    "step time, or, where the run reports straggler scores, its own work between "
+                    "collectives: the other ranks wait for it). It runs on host n1:9400, GPU GPU-8c5d3f3a. "
+                    "Check that node's GPUs (throttling, Xid), NICs and data loader; the Stragglers "
+                    "dashboard shows its lag.",
                 ),
                 (
                     "Rank 1 of run r2 steps 1.4x slower than the median rank.",
-                    "Rank 1 of run r2 on cluster c1 is 1.4 times slower than the median rank over 5m "
-                    "(mean step time, or its own work time where the run reports straggler scores). Find "
-                    "its host on the Stragglers dashboard and check that node's GPUs (throttling, Xid), "
-                    "NICs and data loader.",
+                    "Rank 1 of run r2 on cluster c1 is 1.4 times slower than the median rank over 5m (mean "
+                    "step time, or, where the run reports straggler scores, its own work between "
+                    "collectives: the other ranks wait for it). Check that node's GPUs (throttling, Xid), "
+                    "NICs and data loader; the Stragglers dashboard shows its lag.",
                 ),
             ),
         ),
@@ -349,23 +422,56 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
         summary=f"Run {_l('run')} produced a NaN or infinite loss.",
         description=(
             f"Run {_l('run')} on cluster {_l(c)} read {_V} non-finite loss values in the last "
-            f"{cfg.nonfinite_window}. Every step from here on may be wasted: decide whether to roll back "
-            f"to the last good checkpoint."
+            f"{cfg.nonfinite_window}.{first_nonfinite_text(cfg)} Every step from here on may be wasted: "
+            f"decide whether to roll back to the last good checkpoint."
         ),
         for_="0s",
         test=AlertTest(
             series=(
                 (_series(T.NONFINITE_LOSS, _TRAIN), "0+0x10 3+0x10"),
+                # Rank 2 (host n2) went first at step 100, ranks 0 and 1 at 101; every rank's gradient
+                # norm (after the all-reduce) at 100. The page names rank 2.
+                (_series(I.NONFINITE_FIRST_STEP, _with(_TRAIN, signal="loss")), "_x10 101+0x10"),
+                (_series(I.NONFINITE_FIRST_STEP, _with(_TRAIN, rank="1", signal="loss")), "_x10 101+0x10"),
+                (
+                    _series(
+                        I.NONFINITE_FIRST_STEP, _with(_TRAIN, rank="2", instance="n2:9400", signal="loss")
+                    ),
+                    "_x10 100+0x10",
+                ),
+                *(
+                    (
+                        _series(I.NONFINITE_FIRST_STEP, _with(_TRAIN, rank=k, signal="grad_norm")),
+                        "_x10 100+0x10",
+                    )
+                    for k in ("0", "1", "2")
+                ),
                 (_series(T.NONFINITE_LOSS, _with(_TRAIN, run="r2")), "0+0x20"),
+                # Run r3: two ranks went together; the page says so.
+                (_series(T.NONFINITE_LOSS, _with(_TRAIN, run="r3")), "0+0x10 1+0x10"),
+                *(
+                    (
+                        _series(I.NONFINITE_FIRST_STEP, _with(_TRAIN, run="r3", rank=k, signal="loss")),
+                        "_x10 7+0x10",
+                    )
+                    for k in ("4", "5")
+                ),
             ),
             quiet=(("10m", "no non-finite loss yet"),),
             fire_at="12m",
-            fire_labels=(_run_labels(),),
+            fire_labels=(_run_labels(), _run_labels("r3")),
             fire_text=(
                 (
                     "Run r1 produced a NaN or infinite loss.",
-                    "Run r1 on cluster c1 read 3 non-finite loss values in the last 10m. Every step from "
-                    "here on may be wasted: decide whether to roll back to the last good checkpoint.",
+                    "Run r1 on cluster c1 read 3 non-finite loss values in the last 10m. The loss went "
+                    "non-finite first on rank 2 (host n2:9400) at step 100. Every step from here on may be "
+                    "wasted: decide whether to roll back to the last good checkpoint.",
+                ),
+                (
+                    "Run r3 produced a NaN or infinite loss.",
+                    "Run r3 on cluster c1 read 1 non-finite loss values in the last 10m. The loss went "
+                    "non-finite first on rank 4 (host n1:9400) at step 7 (2 ranks at that step). Every step "
+                    "from here on may be wasted: decide whether to roll back to the last good checkpoint.",
                 ),
             ),
         ),

@@ -13,6 +13,7 @@ from babysitter.generate.dashboards._common import (
     node_variables,
     temperature_steps,
 )
+from babysitter.generate.dashboards.fabric import node_health_fabric, node_health_tiles
 from babysitter.generate.promql import eq, new_or_increased, regex, select
 
 __all__ = ["FILE_NAME", "dashboard"]
@@ -41,6 +42,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
         _alarm("Uncorrectable ECC in range", f"sum {new_or_increased(uncorrected, rng)} or vector(0)"),
         _alarm("GPUs throttled now", f"count(max by (instance, gpu) ({throttling}) > 0) or vector(0)"),
         _alarm("Collectors failing", f"count({select(N.COLLECTOR_SUCCESS, h)} == 0) or vector(0)"),
+        *node_health_tiles(cfg),
         Row("Errors"),
         Panel(
             "Xid events by code and action",
@@ -154,6 +156,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             max=1,
             width=12,
         ),
+        *node_health_fabric(cfg),
         Row("Storage and agent"),
         Panel(
             "Storage probe latency",
@@ -263,7 +266,9 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
         title="babysitter / Node health",
         file_name=FILE_NAME,
         description="GPU health per host and GPU: Xid by code and action, ECC, remapped rows, throttle "
-        "reasons, temperature, power, NVLink and PCIe errors, storage probe and collector health.",
+        "reasons, temperature, power, NVLink and PCIe errors; the fabric (InfiniBand/RoCE ports, PCIe "
+        "links and AER) and the host (EDAC, CPU thermal, kernel-log trouble); storage probe and collector "
+        "health.",
         variables=node_variables(cfg),
         items=tuple(items),
     )

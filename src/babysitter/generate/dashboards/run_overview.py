@@ -19,6 +19,8 @@ from babysitter.generate.dashboards._common import (
     run_variables,
     var_matcher,
 )
+from babysitter.generate.dashboards.fabric import run_overview_fabric
+from babysitter.generate.dashboards.integrity import integrity_row
 from babysitter.generate.promql import by, join_matchers, new_or_increased, select
 from babysitter.generate.rules import Records
 
@@ -292,8 +294,10 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             "the advised checkpoint interval; the gap is what changing the interval is worth. "
             "`babysitter report` prints the inputs and their confidence.",
         ),
+        *integrity_row(cfg, r, m),
         Row("Slowest ranks and their GPUs"),
         _slowest_ranks_gpus(cfg, r, f),
+        *run_overview_fabric(cfg, r),
         Row("Restarts and layout"),
         Panel("Restarts", (Target(f"max {run} ({s(G.RESTARTS)})", "{{run}}"),), width=8),
         Panel(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from babysitter.catalog import runtime as R
 from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.dashboards._builder import Dashboard, Panel, Row, Target
@@ -57,6 +58,47 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             columns=(("Value", "step time / median"),),
             description="The ten slowest ranks and the host each runs on.",
         ),
+        Row("Collective arrival and hangs (torch's flight recorder)"),
+        Panel(
+            "Collective lag by rank",
+            (Target(select(R.COLLECTIVE_LAG, m), "{{run}} rank {{rank}}"),),
+            unit="s",
+            width=12,
+            description="How much later than the median rank each rank enqueues the default group's "
+            "collectives (clock offsets removed): the other ranks wait about that long for it at each "
+            "one. In lockstep training step times are equal on every rank; this is where a slow rank "
+            "shows. Exported where the straggler exchange runs and the flight recorder is on.",
+        ),
+        Panel(
+            "Straggler score by rank",
+            (Target(select(R.STRAGGLER_SCORE, m), "{{run}} rank {{rank}}"),),
+            unit="short",
+            red_above=cfg.straggler_ratio,
+            width=12,
+            description="Each rank's own work between collectives over the median rank's (from collective "
+            "arrival; step or work time where the recorder is off). TrainingStragglerRank fires above "
+            f"{cfg.straggler_ratio:g} for {cfg.straggler_for}.",
+        ),
+        Panel(
+            "Culprit of the last hang",
+            (Target(f"last_over_time({rec(r.collectives.culprit, f)}[$__range])", mode="instant"),),
+            kind="table",
+            width=14,
+            columns=(("Value", "collective #"),),
+            description="The ranks the last hang in the dashboard's range waited for, with their host and "
+            "GPU: behind (never reached the collective the others wait in), not_answering (its node "
+            "agent cannot fetch it: stopped or hard-hung), gone (exited). The hosts TrainingStalled "
+            "names and babysitter remediate can drain.",
+        ),
+        Panel(
+            "Ranks waiting in the last hang",
+            (Target(f"last_over_time({rec(r.collectives.waiting, f)}[$__range])", mode="instant"),),
+            kind="table",
+            width=10,
+            columns=(("Value", "waits in #"),),
+            description="Ranks that reported the collective they wait in (group, operation, size, last "
+            "completed) while stalled: victims, never culprits.",
+        ),
         Row("Causes"),
         Panel(
             "Data wait by rank",
@@ -99,7 +141,8 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
         title="babysitter / Stragglers",
         file_name=FILE_NAME,
         description="Per-rank step time as a heatmap and as a ratio to the median rank, with the hosts "
-        "of the slowest ranks and the usual causes.",
+        "of the slowest ranks; collective lag and straggler scores from torch's flight recorder (which "
+        "lockstep step times cannot show), the culprit of the last hang, and the usual causes.",
         variables=run_variables(cfg),
         items=tuple(items),
     )

@@ -79,6 +79,14 @@ _NVLINK_TYPES = (
     ("crc_flit", "NVML_NVLINK_ERROR_DL_CRC_FLIT"),
     ("crc_data", "NVML_NVLINK_ERROR_DL_CRC_DATA"),
 )
+#: The same counters summed over every link by the driver: one field-values call instead of one call
+#: per link and counter (72 on an H100), when every one of them is supported.
+_NVLINK_TOTALS = (
+    ("replay", "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"),
+    ("recovery", "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
+    ("crc_flit", "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"),
+    ("crc_data", "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"),
+)
 #: Errors that mean the GPU itself is gone (fallen off the bus, needs a reset), not one query failing.
 _LOST_ERRORS = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired", "NVMLError_GpuNotFound")
 _UNSUPPORTED_ERRORS = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound")
@@ -398,6 +406,8 @@ class GpuCollector:
 
     def _nvlink(self, dev: _Device, add: Callable[..., None]) -> None:
         lib, h = self._lib, dev.handle
+        if not self._nvlink_per_link and self._nvlink_totals(dev, add):
+            return
         if dev.nvlinks is None:
             dev.nvlinks = self._discover_links(dev)
         if not dev.nvlinks:
@@ -418,6 +428,20 @@ class GpuCollector:
                 total = (total or 0.0) + value
             if not self._nvlink_per_link:
                 add(N.GPU_NVLINK_ERRORS, total, "all", type_label)
+
+    def _nvlink_totals(self, dev: _Device, add: Callable[..., None]) -> bool:
+        """The summed NVLink counters from the driver's totals; False (for good) when any is missing."""
+        lib = self._lib
+        if "nvlink_totals" in dev.unsupported or not all(_has(lib, const) for _, const in _NVLINK_TOTALS):
+            return False
+        ids = [int(getattr(lib, const)) for _, const in _NVLINK_TOTALS]
+        values = self._q(dev, "nvlink_totals", lambda: lib.nvmlDeviceGetFieldValues(dev.handle, ids))
+        if values is None or any(v.nvmlReturn != lib.NVML_SUCCESS for v in values):
+            dev.unsupported.add("nvlink_totals")  # no NVLink, or an older driver: count link by link
+            return False
+        for (type_label, _), value in zip(_NVLINK_TOTALS, values, strict=True):
+            add(N.GPU_NVLINK_ERRORS, _field_value(lib, value), "all", type_label)
+        return True
 
     def _discover_links(self, dev: _Device) -> list[int]:
         lib = self._lib

@@ -92,6 +92,17 @@ NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4
 NVML_VALUE_TYPE_SIGNED_INT = 5
 NVML_FI_DEV_MEMORY_TEMP = 82
+# NVLink error counters summed over every link (nvml.h: "total for all Lanes").
+NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL = 38
+NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL = 45
+NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL = 52
+NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL = 59
+_NVLINK_TOTALS = {
+    NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: NVML_NVLINK_ERROR_DL_CRC_FLIT,
+    NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: NVML_NVLINK_ERROR_DL_CRC_DATA,
+    NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: NVML_NVLINK_ERROR_DL_REPLAY,
+    NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: NVML_NVLINK_ERROR_DL_RECOVERY,
+}
 NVML_GPM_METRIC_GRAPHICS_UTIL = 1
 NVML_GPM_METRIC_SM_UTIL = 2
 NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5
@@ -547,6 +558,17 @@ class FakeNvml:
             if field_id == NVML_FI_DEV_MEMORY_TEMP and "NVML_FI_DEV_MEMORY_TEMP" not in gpu.unsupported:
                 values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_INT
                 values[i].value.uiVal = gpu.memory_temperature_c
+                values[i].nvmlReturn = NVML_SUCCESS
+            elif (
+                field_id in _NVLINK_TOTALS
+                and gpu.nvlink_active > 0
+                and "nvlink_totals" not in gpu.unsupported
+            ):
+                counter, active = _NVLINK_TOTALS[field_id], gpu.nvlink_active
+                values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                values[i].value.ullVal = sum(
+                    n for (link, kind), n in gpu.nvlink_errors.items() if kind == counter and link < active
+                )
                 values[i].nvmlReturn = NVML_SUCCESS
             else:
                 values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED

@@ -72,7 +72,7 @@ class GpuJobsCollector:
                 job = line.strip()
                 if not job:
                     continue
-                if not _JOB_ID.match(job):
+                if not _JOB_ID.fullmatch(job):
                     self._log_once(f"{path}: skipping malformed job id {job[:40]!r}")
                     continue
                 if job not in jobs:

@@ -8,9 +8,17 @@ scrape target per host, however many jobs and ranks run there.
 
 The directory is shared by every user of the host, so a trainer's output is bound to its
 registration: every sample must carry the ``run`` and ``rank`` it registered (missing ones are
-added; another value fails the whole endpoint as ``label_mismatch``), at most ``max_series``
-samples and ``max_bytes`` bytes are taken from one endpoint, and families in the agent's own
-namespaces (:data:`RESERVED_PREFIXES`) are dropped with one log line per name.
+added; another value, or an ``instance``, ``job`` or ``__`` label, fails the whole endpoint as
+``label_mismatch``), at most ``max_series`` samples and ``max_bytes`` bytes are taken from one
+endpoint, and names only the agent, Prometheus or another exporter may serve
+(:mod:`~babysitter.node.workloads.reserved`, derived from the catalog) are dropped, one log line per
+name. All trainers together get a host-wide budget (``max_series_total`` series, ``max_bytes_total``
+bytes per scrape, read at most ``read_budget``), shared max-min fair per user, then per registration
+(:mod:`~babysitter.node.workloads.share`); what does not fit is dropped in whole families, counted in
+``babysitter_trainer_series_dropped_total{owner_uid,reason}`` and logged once per registration.
+
+A scrape that says how long Prometheus waits (``X-Prometheus-Scrape-Timeout-Seconds``, passed in by
+the agent through :meth:`TrainersCollector.limit_to`) shortens the fetch deadline to fit inside it.
 
 Failures stay local: an endpoint that fails gets ``babysitter_trainer_scrape_success 0``, its
 ``babysitter_trainer_scrape_errors_total{reason}`` goes up and one line is logged until it recovers;
@@ -28,28 +36,48 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
 
 from babysitter import registration
 from babysitter.catalog import node as N
+from babysitter.catalog.budget import BUDGET
+from babysitter.node.workloads import share
+from babysitter.node.workloads.exposition import parse_text
 from babysitter.node.workloads.fetch import FETCH_ERRORS, Fetched, Fetcher, FetchError
+from babysitter.node.workloads.reserved import RESERVED_PREFIXES, is_reserved_name, reserved_label
 
-__all__ = ["ERRORS", "RESERVED_PREFIXES", "TrainersCollector"]
+__all__ = [
+    "ERRORS",
+    "MAX_BYTES_TOTAL",
+    "MAX_SERIES_TOTAL",
+    "READ_BUDGET",
+    "RESERVED_PREFIXES",
+    "TrainersCollector",
+    "fetch_deadline",
+]
 
 log = logging.getLogger(__name__)
 
 #: Every ``reason`` of ``babysitter_trainer_scrape_errors_total``.
 ERRORS = (*FETCH_ERRORS, "too_many_series", "label_mismatch")
-#: Metric name prefixes only the agent may export; a trainer's families with them are dropped.
-RESERVED_PREFIXES = (
-    "gpu_",
-    "storage_",
-    "checkpoint_",
-    "babysitter_collector_",
-    "babysitter_node_",
-    "babysitter_trainer",
-    "babysitter_gpu_",
-)
+#: Series served from all trainers of a host per scrape (a real rank serves 17-44: docs/metrics.md).
+MAX_SERIES_TOTAL = BUDGET.trainers
+#: Bytes of exposition served from all trainers of a host per scrape (a real rank serves about 8 KB).
+MAX_BYTES_TOTAL = 1024 * 1024
+#: Bytes read from all trainers of a host per scrape, split per user then registration.
+READ_BUDGET = 32 * 1024 * 1024
+#: No endpoint's read limit is below this (8 times what a real rank serves), however many share.
+READ_FLOOR = 64 * 1024
+#: Time kept back from Prometheus' scrape timeout for the agent's own work after the fetches.
+SCRAPE_MARGIN = 0.5
+
+
+def fetch_deadline(configured: float, scrape_timeout: float | None) -> float:
+    """The trainers' fetch deadline: the configured one, shortened to fit inside the scrape's
+    timeout less a margin (at least half of it, for very short scrape timeouts)."""
+    if scrape_timeout is None:
+        return configured
+    room = max(scrape_timeout - max(SCRAPE_MARGIN, 0.1 * scrape_timeout), scrape_timeout / 2)
+    return min(configured, room)
 
 
 class TrainersCollector:
@@ -64,32 +92,49 @@ class TrainersCollector:
         max_series: int = 2000,
         max_endpoints: int = 256,
         max_per_user: int = 64,
+        max_series_total: int = MAX_SERIES_TOTAL,
+        max_bytes_total: int = MAX_BYTES_TOTAL,
+        read_budget: int = READ_BUDGET,
         networks: Sequence[registration.Network] = (),
         ca_file: str | None = None,
+        client_cert: tuple[str, str] | None = None,
         name: str = "trainers",
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"trainer fetch timeout must be positive, got {timeout}")
-        if max_series <= 0:
-            raise ValueError(f"max_series must be positive, got {max_series}")
+        if min(max_series, max_series_total, max_bytes_total, read_budget) <= 0:
+            raise ValueError("trainer series and byte limits must be positive")
         self.name = name
         self.directory = directory
+        self._timeout = timeout
+        self._scrape_timeout: float | None = None
         self._max_series = max_series
+        self._max_bytes = max_bytes
+        self._max_series_total = max_series_total
+        self._max_bytes_total = max_bytes_total
+        self._read_budget = read_budget
         self._scanner = registration.Scanner(
             directory, networks=networks, max_per_user=max_per_user, max_endpoints=max_endpoints
         )
-        self._fetcher = Fetcher(
-            timeout=timeout,
-            max_bytes=max_bytes,
-            ssl_context=ssl.create_default_context(cafile=ca_file),
-            networks=networks,
-        )
+        context = ssl.create_default_context(cafile=ca_file)
+        if client_cert is not None:  # for trackers that require client certificates (mutual TLS)
+            try:
+                context.load_cert_chain(*client_cert)
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"cannot load trainer client certificate {client_cert[0]!r}: {exc}") from exc
+        self._fetcher = Fetcher(timeout=timeout, max_bytes=max_bytes, ssl_context=context, networks=networks)
         self._dropped_names: set[str] = set()
         self._lock = threading.Lock()
         self._known: dict[str, registration.Endpoint] = {}
         self._failing: dict[str, str] = {}
         self._errors: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self._dropped = 0
+        self._series_dropped: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._told: set[tuple[str, str]] = set()
+
+    def limit_to(self, scrape_timeout: float | None) -> None:
+        """The timeout of the scrape about to run (Prometheus' header), or None: the fetch fits in it."""
+        self._scrape_timeout = scrape_timeout
 
     @staticmethod
     def _key(endpoint: registration.Endpoint) -> str:
@@ -100,20 +145,39 @@ class TrainersCollector:
         with self._lock:
             found = self._scanner.scan(prune=True)
             self._forget_gone(found)
-            fetched = self._fetcher.fetch_all([r.endpoint.url for r in found])
+            limits = share.read_limits(
+                [r.owner_uid for r in found], budget=self._read_budget, floor=READ_FLOOR, cap=self._max_bytes
+            )
+            fetched = self._fetcher.fetch_all(
+                [r.endpoint.url for r in found],
+                timeout=fetch_deadline(self._timeout, self._scrape_timeout),
+                max_bytes=limits,
+            )
+            blocks: dict[int, list[share.Block]] = {}
+            errors: dict[int, FetchError] = {}
+            for i, (reg, result) in enumerate(zip(found, fetched, strict=True)):
+                try:
+                    blocks[i] = self._blocks(reg, result)
+                except FetchError as exc:
+                    errors[i] = exc
+            kept = self._allot(found, blocks)
             out: list[Metric] = []
             success = N.TRAINER_SCRAPE_SUCCESS.family()
             duration = N.TRAINER_SCRAPE_DURATION.family()
-            for reg, result in zip(found, fetched, strict=True):
+            for i, (reg, result) in enumerate(zip(found, fetched, strict=True)):
                 ep = reg.endpoint
-                families, error = self._families(reg, result)
+                error = errors.get(i)
+                if error is None:
+                    try:
+                        out.extend(self._bound(_parse(b"".join(b.text for b in kept[i])), reg))
+                    except FetchError as exc:
+                        error = exc
                 labels = [ep.run, str(ep.rank), str(reg.owner_uid)]
                 success.add_metric(labels, 0.0 if error else 1.0)  # type: ignore[attr-defined]
                 duration.add_metric(labels, result.seconds)  # type: ignore[attr-defined]
                 if error is not None:
                     self._errors[(ep.run, str(ep.rank), error.reason)] += 1
                 self._log_transition(reg, error)
-                out.extend(families)
             return [*out, success, duration, *self._counters(len(found))]
 
     def close(self) -> None:
@@ -132,24 +196,90 @@ class TrainersCollector:
         skipped = N.TRAINER_REGISTRATIONS_SKIPPED.family()
         for reason, count in sorted(self._scanner.skipped().items()):
             skipped.add_metric([reason], float(count))  # type: ignore[attr-defined]
-        return [trainers, dropped, errors, skipped]
+        series = N.TRAINER_SERIES_DROPPED.family()
+        for (uid, why), count in sorted(self._series_dropped.items()):
+            series.add_metric([uid, why], float(count))  # type: ignore[attr-defined]
+        return [trainers, dropped, errors, skipped, series]
 
-    def _families(
-        self, reg: registration.Registered, result: Fetched
-    ) -> tuple[list[Metric], FetchError | None]:
+    def _blocks(self, reg: registration.Registered, result: Fetched) -> list[share.Block]:
+        """The endpoint's families as text blocks, reserved names left out (counted): cheap scans only."""
         if result.error is not None:
-            return [], result.error
-        try:
-            return self._bound(_parse(result.body, self._max_series), reg.endpoint), None
-        except FetchError as exc:
-            return [], exc
+            raise result.error
+        body = result.body
+        samples = share.count_series(body)
+        if samples > self._max_series or body.count(b"\n") > 3 * self._max_series + 64:
+            raise FetchError("too_many_series", f"{samples} series, more than the {self._max_series} allowed")
+        blocks = []
+        for block in share.split_families(body):
+            if block.name and is_reserved_name(block.name):
+                self._drop_reserved(reg, block.name, block.series)
+                continue
+            blocks.append(block)
+        return blocks
 
-    def _bound(self, families: list[Metric], ep: registration.Endpoint) -> list[Metric]:
-        """The families this endpoint may serve: its own run and rank only, no reserved names."""
+    def _allot(
+        self, found: list[registration.Registered], blocks: dict[int, list[share.Block]]
+    ) -> dict[int, list[share.Block]]:
+        """The blocks each endpoint may serve: its fair share of the host's series and bytes, whole
+        families in the order served (a family that does not fit is skipped, a later one may fit)."""
+        order = sorted(blocks)
+        picked = share.fair_pick(
+            [found[i].owner_uid for i in order],
+            [blocks[i] for i in order],
+            max_series=self._max_series_total,
+            max_bytes=self._max_bytes_total,
+        )
+        kept = dict(zip(order, picked, strict=True))
+        for i in order:
+            lost = sum(b.series for b in blocks[i]) - sum(b.series for b in kept[i])
+            if lost:
+                self._drop_budget(found[i], lost, sum(b.series for b in blocks[i]))
+        return kept
+
+    def _drop_budget(self, reg: registration.Registered, lost: int, asked: int) -> None:
+        ep = reg.endpoint
+        self._series_dropped[(str(reg.owner_uid), "budget")] += lost
+        key = (self._key(ep), "budget")
+        if key not in self._told and len(self._told) < 10_000:
+            self._told.add(key)
+            log.warning(
+                "babysitter: trainer run=%s rank=%s (pid %d, uid %d) serves %d series, over its share of "
+                "the host-wide trainer budget (%d series, %d bytes per scrape, shared fairly between "
+                "users): %d dropped, in whole families (babysitter_trainer_series_dropped_total counts "
+                "them; logged once)",
+                ep.run,
+                ep.rank,
+                ep.pid,
+                reg.owner_uid,
+                asked,
+                self._max_series_total,
+                self._max_bytes_total,
+                lost,
+            )
+
+    def _drop_reserved(self, reg: registration.Registered, name: str, series: int) -> None:
+        self._series_dropped[(str(reg.owner_uid), "reserved")] += series
+        if name not in self._dropped_names and len(self._dropped_names) < 1000:
+            self._dropped_names.add(name)
+            ep = reg.endpoint
+            log.warning(
+                "babysitter: trainer run=%s rank=%s (pid %d, uid %d) exports %s, a name reserved for the "
+                "node agent, Prometheus or another exporter; dropped",
+                ep.run,
+                ep.rank,
+                ep.pid,
+                reg.owner_uid,
+                name[:200],
+            )
+
+    def _bound(self, families: list[Metric], reg: registration.Registered) -> list[Metric]:
+        """The families this endpoint may serve: its own run and rank only, no reserved names or labels."""
+        ep = reg.endpoint
         rank = str(ep.rank)
         kept = []
         for family in families:
-            for i, sample in enumerate(family.samples):
+            samples = []
+            for sample in family.samples:
                 got_run, got_rank = sample.labels.get("run", ep.run), sample.labels.get("rank", rank)
                 if got_run != ep.run or got_rank != rank:
                     raise FetchError(
@@ -157,21 +287,25 @@ class TrainersCollector:
                         f"serves {sample.name} with run={got_run[:64]!r} rank={got_rank[:16]!r}, registered "
                         f"as run={ep.run} rank={rank}",
                     )
-                if "run" not in sample.labels or "rank" not in sample.labels:
-                    family.samples[i] = sample._replace(labels={**sample.labels, "run": ep.run, "rank": rank})
-            if family.name.startswith(RESERVED_PREFIXES):
-                if family.name not in self._dropped_names and len(self._dropped_names) < 1000:
-                    self._dropped_names.add(family.name)
-                    log.warning(
-                        "babysitter: trainer run=%s rank=%s (pid %d) exports %s, a name reserved for the "
-                        "node agent; dropped",
-                        ep.run,
-                        ep.rank,
-                        ep.pid,
-                        family.name,
+                taken = reserved_label(sample.labels)
+                if taken is not None:
+                    raise FetchError(
+                        "label_mismatch",
+                        f"serves {sample.name} with label {taken[:64]}, which only the scrape sets",
                     )
+                if is_reserved_name(sample.name):
+                    self._drop_reserved(reg, sample.name, 1)
+                    continue
+                if "run" not in sample.labels or "rank" not in sample.labels:
+                    samples.append(sample._replace(labels={**sample.labels, "run": ep.run, "rank": rank}))
+                else:
+                    samples.append(sample)
+            if is_reserved_name(family.name):
+                self._drop_reserved(reg, family.name, len(samples))
                 continue
-            kept.append(family)
+            if samples:
+                family.samples[:] = samples
+                kept.append(family)
         return kept
 
     def _forget_gone(self, found: list[registration.Registered]) -> None:
@@ -181,6 +315,7 @@ class TrainersCollector:
                 continue
             del self._known[key]
             self._failing.pop(key, None)
+            self._told.discard((key, "budget"))
             if registration.is_alive(ep):
                 log.info("babysitter: trainer run=%s rank=%s (pid %d) unregistered", ep.run, ep.rank, ep.pid)
             else:
@@ -217,12 +352,11 @@ class TrainersCollector:
             log.info("babysitter: trainer run=%s rank=%s answers again", ep.run, ep.rank)
 
 
-def _parse(body: bytes, max_series: int) -> list[Metric]:
-    """Parse an exposition of at most ``max_series`` samples (counted before parsing: cheap)."""
-    samples = sum(1 for line in body.split(b"\n") if line.strip() and not line.lstrip().startswith(b"#"))
-    if samples > max_series:
-        raise FetchError("too_many_series", f"{samples} series, more than the {max_series} allowed")
+def _parse(body: bytes) -> list[Metric]:
+    """Parse the blocks kept of an exposition (their samples were counted and bounded before)."""
+    if not body:
+        return []
     try:
-        return list(text_string_to_metric_families(body.decode("utf-8")))
+        return parse_text(body.decode("utf-8"))
     except Exception as exc:  # the parser raises ValueError, IndexError, KeyError... on garbage
         raise FetchError("protocol", f"not Prometheus text: {type(exc).__name__}: {exc}"[:200]) from None

@@ -46,6 +46,7 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
+from babysitter.catalog import fabric as F
 from babysitter.catalog import node as N
 from babysitter.catalog._spec import MetricSpec
 from babysitter.node.collector import GpuIdentity, normalize_pci_bus_id
@@ -167,6 +168,7 @@ class XidCollector:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, ...], int] = {}
         self._seen = dict.fromkeys(SOURCES, 0)  # sightings per source, before dedupe
+        self._patterns = dict.fromkeys(F.KERNEL_LOG_PATTERNS, 0)  # kernel lines before trouble, by pattern
         self._status: dict[str, tuple[bool, str]] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -180,6 +182,7 @@ class XidCollector:
                 self._on_kmsg,
                 lambda ok, reason: self._set_status("kmsg", ok, reason),
                 on_caught_up=self._on_kmsg_caught_up,
+                on_pattern=self._on_pattern,
                 retry_seconds=kmsg_retry_seconds,
             )
         else:
@@ -226,6 +229,13 @@ class XidCollector:
         for labels, value in counts:
             family.add_metric(list(labels), float(value))  # type: ignore[attr-defined]
         yield family
+        if self.follower is not None:
+            with self._lock:
+                patterns = dict(self._patterns)
+            events = F.KERNEL_LOG_EVENTS.family()
+            for pattern, count in patterns.items():
+                events.add_metric([pattern], float(count))  # type: ignore[attr-defined]
+            yield events
         if _SOURCE_UP is not None:
             up = _SOURCE_UP.family()
             for source, (ok, _) in sorted(status.items()):
@@ -347,6 +357,12 @@ class XidCollector:
         return None
 
     # --- kernel log --------------------------------------------------------------------------------
+    def _on_pattern(self, pattern: str, live: bool) -> None:
+        """A kernel line before trouble (history included: the counter means since boot, as Xids)."""
+        with self._lock:
+            if pattern in self._patterns:
+                self._patterns[pattern] += 1
+
     def _on_kmsg(self, event: XidEvent, live: bool) -> None:
         if not live and self._nvml_saw(event):
             # Read late (the kernel log was unreadable while NVML ran): NVML reported this period,

@@ -22,6 +22,10 @@ and the ``NVRM: GPU at PCI:0000:9b:00: GPU-<uuid>`` line the driver prints befor
 error, which maps the bus id to the GPU's UUID. Anything else (NVSwitch ``SXid`` lines, garbage,
 lines cut short before the comma after the Xid code) is skipped; nothing raises.
 
+Every kernel line is also matched against the patterns of lines that come before trouble
+(:func:`trouble`: soft lockups, hung tasks, PCIe bus errors, mlx5 command timeouts and health
+failures, an NFS server not responding), which the Xid collector counts by pattern.
+
 The follower reads ``/dev/kmsg`` (a character device: one record per ``read``, ``poll`` for new
 ones) from its oldest record, or a plain file from its start, and follows it like ``tail -F``
 (rotation and truncation reopen it). Every Xid in it is reported, the history present at open
@@ -44,7 +48,7 @@ from dataclasses import dataclass
 
 from babysitter.node.collector import normalize_pci_bus_id
 
-__all__ = ["KernelLogFollower", "KernelLogParser", "XidEvent", "parse_log"]
+__all__ = ["KernelLogFollower", "KernelLogParser", "XidEvent", "parse_log", "trouble"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +67,37 @@ _XID = re.compile(r"Xid \((?:PCI:)?" + _BUS + _MIG + r"\): (\d{1,6}),(.*)$")
 _PID_NAME = re.compile(r"^\s*pid=([^,]{0,32}),\s*(?:name=([^,]{0,64}),\s?)?(.*)$")
 _GPU_AT = re.compile(r"GPU at PCI:" + _BUS + r": (GPU-[0-9a-fA-F-]{8,64})")
 _NVRM = "NVRM: "
+_MLX5_HEALTH = re.compile(
+    r"health compromised|health poll failed|[Ff]atal error|internal error|health recovery"
+)
+
+
+def trouble(message: str) -> str | None:
+    """The pattern (a value of ``kernel_log_events_total{pattern}``) a kernel line matches, if any::
+
+        watchdog: BUG: soft lockup - CPU#12 stuck for 23s! [python:4242]          soft_lockup
+        INFO: task python3:4242 blocked for more than 120 seconds.                 hung_task
+        pcieport 0000:16:00.0: PCIe Bus Error: severity=Corrected, type=Physical   pcie_bus_error_corrected
+        ... PCIe Bus Error: severity=Uncorrected (Non-Fatal), ...  (or Fatal)      pcie_bus_error_uncorrected
+        mlx5_core 0000:19:00.0: wait_func:1110:(pid 37): ENABLE_HCA(0x104) timeout  mlx5_cmd_timeout
+        mlx5_core 0000:19:00.0: poll_health:800: device's health compromised       mlx5_health
+        nfs: server 10.0.0.5 not responding, still trying                          nfs_not_responding
+
+    Cheap substring checks first: every kernel line passes through here.
+    """
+    if "soft lockup" in message:
+        return "soft_lockup" if "stuck for" in message else None
+    if "blocked for more than" in message:
+        return "hung_task" if "task " in message else None
+    if "PCIe Bus Error" in message:
+        return "pcie_bus_error_corrected" if "severity=Corrected" in message else "pcie_bus_error_uncorrected"
+    if "mlx5_core" in message:
+        if _MLX5_HEALTH.search(message):
+            return "mlx5_health"
+        return "mlx5_cmd_timeout" if "timeout" in message else None
+    if "nfs: server" in message and "not responding" in message:
+        return "nfs_not_responding"
+    return None
 
 
 @dataclass(frozen=True)
@@ -86,7 +121,8 @@ class KernelLogParser:
 
     Not thread-safe: one parser per reader. Counters (``lines``, ``forged``, ``lost_records``) are
     for diagnostics and tests; ``record_seq`` is the ``/dev/kmsg`` sequence number of the line just
-    fed (None for a continuation or a line without a kmsg header).
+    fed (None for a continuation or a line without a kmsg header) and ``pattern`` the trouble pattern
+    it matched (:func:`trouble`; never for a record userspace wrote).
     """
 
     def __init__(self) -> None:
@@ -95,6 +131,7 @@ class KernelLogParser:
         self.forged = 0
         self.lost_records = 0
         self.record_seq: int | None = None
+        self.pattern: str | None = None
         self._last_seq: int | None = None
 
     def feed(self, raw: str | bytes) -> XidEvent | None:
@@ -104,6 +141,7 @@ class KernelLogParser:
             line = line[:_MAX_LINE]
         self.lines += 1
         self.record_seq = None
+        self.pattern = None
         seq: int | None = None
         usec: int | None = None
         if line[:1] == " ":
@@ -114,13 +152,20 @@ class KernelLogParser:
             self.record_seq = seq
             self._track_seq(seq)
             message = line[header.end() :]
-            if _NVRM not in message:
-                return None
             if prio >> 3 != 0:
-                self.forged += 1  # written by userspace, not the driver
+                if _NVRM in message:
+                    self.forged += 1  # written by userspace, not the driver
                 return None
         else:
             message = line
+        if (  # trouble()'s keywords, tested inline: every kernel line passes here
+            "lockup" in message
+            or "blocked for" in message
+            or "Bus Error" in message
+            or "mlx5_core" in message
+            or "nfs: server" in message
+        ):
+            self.pattern = trouble(message)
         at = message.find(_NVRM)
         if at < 0:
             return None
@@ -195,6 +240,8 @@ def parse_log(lines: Iterable[str | bytes], parser: KernelLogParser | None = Non
 StatusCallback = Callable[[bool, str], None]
 #: ``on_event(event, live)``: an Xid; ``live`` is False for history (already in the log at open).
 EventCallback = Callable[[XidEvent, bool], None]
+#: ``on_pattern(pattern, live)``: a kernel line matched a trouble pattern (:func:`trouble`).
+PatternCallback = Callable[[str, bool], None]
 
 
 class KernelLogFollower:
@@ -219,6 +266,7 @@ class KernelLogFollower:
         on_status: StatusCallback,
         *,
         on_caught_up: Callable[[], None] | None = None,
+        on_pattern: PatternCallback | None = None,
         poll_seconds: float = 0.5,
         retry_seconds: float = 30.0,
     ) -> None:
@@ -231,6 +279,7 @@ class KernelLogFollower:
         self._on_event = on_event
         self._on_status = on_status
         self._on_caught_up = on_caught_up
+        self._on_pattern = on_pattern
         self._poll = poll_seconds
         self._retry = retry_seconds
         self._last_status: tuple[bool, str] | None = None
@@ -358,6 +407,9 @@ class KernelLogFollower:
                 continue  # reported before (an earlier open, or the saved state)
             if event is not None:
                 self._on_event(event, live)
+            pattern = self.parser.pattern
+            if pattern is not None and self._on_pattern is not None:
+                self._on_pattern(pattern, live)
             if seq is not None:
                 self.resume_after_seq = seq
 

@@ -105,7 +105,8 @@ class Backend(Protocol):
         ...
 
     def undrain(self, host: str, prefix: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:
-        """Return the host to service, only if its drain reason starts with ``prefix`` (ours)."""
+        """Return the host to service, only if its drain reason starts with ``prefix``: the reason
+        this remediator gave the drain it undoes (refused ``not_ours`` otherwise)."""
         ...
 
     def requeue(self, job: str, reason: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:

@@ -1,9 +1,11 @@
 """``babysitter top``'s one-line hint per run: why its MFU dropped, from :func:`babysitter.explain.explain`.
 
 Cheap by construction: each refresh asks one bounded query (one series per run: rank 0's MFU now
-against its median over the hour before the last 15 minutes); only runs whose MFU fell by the
+against its median over the hour before the last 15 minutes, or, for a run younger than that whose
+GPU throttles now, against its best over the last 15 minutes); only runs whose MFU fell by the
 alert's fraction get explained, each at most once per ``ttl`` seconds, on one background thread. The
-view never waits for an explanation: it shows the last one it has.
+view never waits for an explanation: it shows the last one it has. The explanation reads the rules
+under the names the Prometheus has loaded (asked once, on that thread).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from collections.abc import Callable, Iterable
 
 from babysitter.catalog import train as T
 from babysitter.explain import Explanation, explain
+from babysitter.explain.rules import detect_rules
 from babysitter.generate.config import GenerateConfig
-from babysitter.prom import PromClient, PromError, finite
+from babysitter.generate.rules import Records
+from babysitter.prom import Deadline, PromClient, PromError, finite
 
 __all__ = ["RunHints", "hint_line"]
 
@@ -32,7 +36,10 @@ def hint_line(answer: Explanation) -> str:
     top = answer.top
     if top is None:
         return "MFU dropped; explain found no cause (babysitter explain lists what it checked)"
-    share = f" ({top.share:.0%} of the lost time)" if top.share is not None and top.seconds > 0 else ""
+    # A share of the lost time when that is what the causes add up to; else of what they cost (no
+    # baseline, or a slow one: the headline says which).
+    of = "the lost time" if answer.lost_seconds >= answer.accounted_seconds else "what the causes cost"
+    share = f" ({top.share:.0%} of {of})" if top.share is not None and top.seconds > 0 else ""
     text = f"likely {top.key.replace('_', ' ')}{share}: {top.text}"
     return text if len(text) <= _WIDTH else text[: _WIDTH - 3] + "..."
 
@@ -52,7 +59,8 @@ class RunHints:
         explainer: Callable[..., Explanation] = explain,
     ) -> None:
         self.client = client
-        self.cfg = cfg or GenerateConfig()
+        #: None: read from the rules the Prometheus has loaded, at the first explanation.
+        self.cfg = cfg
         self.window, self.baseline, self.ttl = window, baseline, ttl
         self.now = now
         self._explain = explainer
@@ -63,19 +71,25 @@ class RunHints:
         self._worker: threading.Thread | None = None
 
     def dropped_query(self) -> str:
-        """Runs with MFU under (1 - drop fraction) x the median over the baseline before the window."""
+        """Runs with MFU under (1 - drop fraction) x the median over the baseline before the window;
+        a run with no such baseline (younger than window + baseline) whose GPU throttles now, under
+        that fraction of its best MFU over the window (issue 22: the demo's throttled run got no hint)."""
+        cfg = self.cfg or GenerateConfig()
         mfu = T.MFU.name
-        keep = 1 - self.cfg.mfu_drop_fraction
+        keep = 1 - cfg.mfu_drop_fraction
         rng, off = f"{round(self.baseline)}s", f"{round(self.window)}s"
-        median = f"quantile_over_time(0.5, {mfu}[{rng}] offset {off})"
-        return f"max by (run) ({mfu})\n< {keep:g} * max by (run) ({median})"
+        median = f"max by (run) (quantile_over_time(0.5, {mfu}[{rng}] offset {off}))"
+        throttled = f"max by (run) ({Records(cfg).rank_gpu_throttle} > 0)"
+        best = f"max by (run) (max_over_time({mfu}[{off}])) and on (run) {throttled}"
+        return f"max by (run) ({mfu})\n< {keep:g} * ({median}\nor {best})"
 
-    def hints(self, runs: Iterable[str]) -> dict[str, str]:
-        """The hints ready for ``runs``; asks for new ones where MFU dropped. PromError if its query fails."""
+    def hints(self, runs: Iterable[str], *, client: PromClient | None = None) -> dict[str, str]:
+        """The hints ready for ``runs``; asks for new ones where MFU dropped. PromError if its query fails.
+        ``client``: the caller's (a frame's, with its deadline); else this one's."""
         wanted = set(runs)
         dropped = {
             s.labels.get("run", "")
-            for s in self.client.query(self.dropped_query(), self.now())
+            for s in (client or self.client).query(self.dropped_query(), self.now())
             if finite(s.value) is not None
         } & wanted
         now = time.monotonic()
@@ -103,8 +117,12 @@ class RunHints:
             except queue.Empty:
                 return
             try:
+                # One explanation is one command: all its queries within twice the request timeout.
+                client = self.client.within(Deadline(2 * self.client.timeout))
+                if self.cfg is None:
+                    self.cfg = detect_rules(client, self.now()).cfg
                 answer = self._explain(
-                    self.client, run, end=self.now(), window=self.window, baseline=self.baseline, cfg=self.cfg
+                    client, run, end=self.now(), window=self.window, baseline=self.baseline, cfg=self.cfg
                 )
                 text = hint_line(answer)
             except (PromError, ValueError) as exc:

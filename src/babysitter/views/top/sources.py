@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from babysitter.catalog import goodput as G
 from babysitter.catalog import node as N
 from babysitter.catalog import train as T
-from babysitter.prom import PromClient, PromError
+from babysitter.prom import Deadline, PromClient, PromError, fetch
 from babysitter.views.top.frame import AlertRow, Frame, NodeRow, RunRow, gpu_key
 from babysitter.views.top.hints import RunHints
 
@@ -48,16 +48,18 @@ PROMETHEUS_METRICS = (
 _MAX_BODY = 32 * 1024 * 1024
 
 
-def _get(url: str, timeout: float) -> bytes:
+def _get(url: str, timeout: float, deadline: Deadline | None = None) -> bytes:
+    """A /metrics body, all of it within ``timeout`` and the frame's ``deadline`` (a drip cannot hold it)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https"):
         raise ValueError(f"not an http(s) URL: {url!r}")
-    request = urllib.request.Request(url, headers={"Accept": "text/plain, application/json"})  # noqa: S310
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - scheme checked above
-        body: bytes = response.read(_MAX_BODY + 1)
-    if len(body) > _MAX_BODY:
-        raise ValueError(f"{url}: response larger than {_MAX_BODY} bytes")
-    return body
+    return fetch(
+        url,
+        timeout=timeout,
+        max_bytes=_MAX_BODY,
+        deadline=deadline,
+        headers={"Accept": "text/plain, application/json"},
+    )
 
 
 def _finite(value: object) -> float | None:
@@ -82,14 +84,19 @@ class PrometheusSource:
         lookback: str = "15m",
         timeout: float = _TIMEOUT,
         hints: bool = False,
+        frame_deadline: float | None = None,
     ) -> None:
-        self._client = PromClient(url, timeout=timeout)
+        self._base = PromClient(url, timeout=timeout)
+        #: The client of the frame being built: its queries share one deadline (``frame_deadline``).
+        self._client = self._base
         #: With ``hints``, runs whose MFU dropped get a one-line cause from ``babysitter explain``.
-        self._hints = RunHints(self._client) if hints else None
-        self.url = self._client.url
+        self._hints = RunHints(self._base) if hints else None
+        self.url = self._base.url
         self.window = window
         self.lookback = lookback
         self.timeout = timeout
+        #: Seconds all the queries of one frame may take together.
+        self.frame_deadline = frame_deadline if frame_deadline is not None else 2 * timeout
 
     def _by(self, expr: str, key: str) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -101,7 +108,9 @@ class PrometheusSource:
         return out
 
     def frame(self) -> Frame:
-        """Query runs, nodes and alerts; a failed query leaves its column empty and adds an error."""
+        """Query runs, nodes and alerts; a failed query leaves its column empty and adds an error.
+        All of them end within ``frame_deadline`` (then the rest fail at once, saying so)."""
+        self._client = self._base.within(Deadline(self.frame_deadline))
         errors: list[str] = []
 
         def by(expr: str, key: str) -> dict[str, float]:
@@ -151,7 +160,7 @@ class PrometheusSource:
         )
         if self._hints is not None:
             try:
-                found = self._hints.hints(row.run for row in runs if row.reporting)
+                found = self._hints.hints((row.run for row in runs if row.reporting), client=self._client)
             except PromError as exc:
                 errors.append(str(exc))
                 found = {}
@@ -312,7 +321,9 @@ class _Scraped:
 class MetricsSource:
     """Frames from ``/metrics`` endpoints (node agents, which also serve their trainers, or trackers)."""
 
-    def __init__(self, urls: Sequence[str], *, timeout: float = _TIMEOUT) -> None:
+    def __init__(
+        self, urls: Sequence[str], *, timeout: float = _TIMEOUT, frame_deadline: float | None = None
+    ) -> None:
         if not urls:
             raise ValueError("--metrics needs at least one URL")
         self.urls: list[str] = []
@@ -324,6 +335,7 @@ class MetricsSource:
                 )
             self.urls.append(url if parts.path not in ("", "/") else url.rstrip("/") + "/metrics")
         self.timeout = timeout
+        self.frame_deadline = frame_deadline if frame_deadline is not None else 2 * timeout
         self._previous: dict[tuple[str, str], tuple[float, float]] = {}
 
     def frame(self) -> Frame:
@@ -333,12 +345,13 @@ class MetricsSource:
         now = time.time()
         errors: list[str] = []
         acc = _Scraped()
+        deadline = Deadline(self.frame_deadline)
         for url in self.urls:
             instance = urllib.parse.urlsplit(url).netloc
             try:
-                text = _get(url, self.timeout).decode("utf-8", "replace")
+                text = _get(url, self.timeout, deadline).decode("utf-8", "replace")
                 families = list(text_string_to_metric_families(text))
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, PromError) as exc:
                 errors.append(f"{url}: {exc}")
                 continue
             for family in families:

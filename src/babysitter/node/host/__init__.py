@@ -1,0 +1,1 @@
+"""The host under the GPUs: EDAC memory errors and CPU thermal throttling (docs/fabric.md)."""

@@ -1,0 +1,106 @@
+"""The agent's text renderer writes exactly what prometheus_client's ``generate_latest`` writes."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    StateSetMetricFamily,
+    SummaryMetricFamily,
+)
+
+from babysitter.export.text import render_text
+
+
+class _Registry:
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def _both(families: list[Metric]) -> tuple[bytes, bytes]:
+    return render_text(families), generate_latest(_Registry(families))  # type: ignore[arg-type]
+
+
+def _every_kind() -> list[Metric]:
+    gauge = GaugeMetricFamily("g", 'help with \\ and\nnewline and "quotes"', labels=["gpu", "model"])
+    gauge.add_metric(["0", 'NVIDIA "H100"\\x\n'], 1.98e9)
+    gauge.add_metric(["1", "é"], -0.0)
+    counter = CounterMetricFamily("c", "counter", labels=["a"])
+    counter.add_metric(["x"], 3, created=1700000000.5)
+    histogram = HistogramMetricFamily("h", "histogram", labels=["a"])
+    histogram.add_metric(["x"], [("0.1", 1), ("+Inf", 3)], 4.5)
+    summary = SummaryMetricFamily("s", "summary", labels=["a"])
+    summary.add_metric(["x"], 3, 4.5)
+    unknown = Metric("u", "unknown", "unknown")
+    unknown.add_sample("u", {}, math.nan)
+    stamped = GaugeMetricFamily("t", "timestamp")
+    stamped.add_metric([], 1e21, timestamp=1712345678.123)
+    return [
+        gauge,
+        counter,
+        histogram,
+        summary,
+        unknown,
+        stamped,
+        InfoMetricFamily("i", "info", value={"version": "1"}),
+        GaugeHistogramMetricFamily("gh", "gauge histogram", buckets=[("1", 2), ("+Inf", 3)], gsum_value=5),
+        StateSetMetricFamily("st", "state set", value={"a": True, "b": False}),
+        CounterMetricFamily("bad.name", "a name that needs escaping", value=1),
+    ]
+
+
+def test_every_kind_of_family_renders_alike() -> None:
+    ours, theirs = _both(_every_kind())
+    assert ours == theirs
+
+
+def test_a_series_whose_value_changes_is_written_anew() -> None:
+    """Lines are remembered per series: a new value (or 0.0 after -0.0, equal but written apart) is
+    written again, an unchanged one reused."""
+    for value in (1.0, 2.0, 2.0, -0.0, 0.0, 0, math.inf, 1e300, 1234567.0):
+        gauge = GaugeMetricFamily("changing", "h", labels=["a"])
+        gauge.add_metric(["x"], value)
+        ours, theirs = _both([gauge])
+        assert ours == theirs, value
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    values=st.lists(st.text(max_size=10), min_size=1, max_size=4),
+    number=st.one_of(st.floats(), st.integers(min_value=-(10**30), max_value=10**30)),
+)
+def test_any_labels_and_number_render_alike(values: list[str], number: float) -> None:
+    gauge = GaugeMetricFamily("g", "h", labels=[f"l{i}" for i in range(len(values))])
+    gauge.add_metric(values, number)
+    ours, theirs = _both([gauge])
+    assert ours == theirs
+
+
+def test_duplicates_dropped_while_rendering_as_when_merging() -> None:
+    """The agent merges without deduplicating and lets the renderer drop duplicate series: the same
+    bytes as merging with deduplication, each dropped series told once."""
+    from babysitter.node.agent import merge_families
+
+    def rank(number: str, value: float) -> Metric:
+        family = GaugeMetricFamily("train_mfu_ratio", "MFU", labels=["run", "rank"])
+        family.add_metric(["r1", number], value)
+        family.add_metric(["r1", number], value + 1)  # a hostile endpoint repeats its series
+        return family
+
+    families = [rank("0", 0.4), rank("1", 0.5), rank("1", 0.6), *_every_kind()]
+    dropped: list[str] = []
+    fast = render_text(merge_families(families, dedupe=False), on_duplicate=dropped.append)
+    assert fast == render_text(merge_families(families))
+    assert dropped == ["train_mfu_ratio"] * 4

@@ -1,0 +1,62 @@
+"""``babysitter remediate`` drains on the fabric's and the host's critical alerts through the existing rails:
+the shipped example policy has a rule for each, and a remediator over it drains the alert's host, with a
+reason naming the port or the PCI address."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from babysitter.generate.alerts import alerts
+from babysitter.generate.config import GenerateConfig
+from babysitter.remediate.alerts import parse_notification
+from babysitter.remediate.audit import AuditLog
+from babysitter.remediate.engine import Remediator
+from babysitter.remediate.policy import Jobs, load_policy
+from remediate_helpers import RecordingBackend, alert, payload
+
+REPO = Path(__file__).resolve().parents[1]
+#: The critical alerts of the fabric and host groups, with the labels their promtool test fires with.
+CRITICAL = [
+    a for a in alerts(GenerateConfig()) if a.component in ("fabric", "host") and a.severity == "critical"
+]
+
+
+def test_every_critical_fabric_and_host_alert_has_a_drain_rule() -> None:
+    policy = load_policy(REPO / "exporters/remediate-policy.example.yaml")
+    assert {a.name for a in CRITICAL} == {
+        "InfinibandPortDown",
+        "InfinibandLinkDowned",
+        "FabricPortFlapping",
+        "InfinibandLinkIntegrityErrors",
+        "PcieAerFatal",
+        "HostMemoryUncorrectableError",
+    }
+    for a in CRITICAL:
+        assert a.test is not None
+        rule = policy.rule_for({"alertname": a.name, **a.test.fire_labels[0]})
+        assert rule is not None and "drain" in rule.actions, a.name
+    # Warnings never drain.
+    assert policy.rule_for({"alertname": "PcieLinkDowntrained", "instance": "n1:9400"}) is None
+
+
+@pytest.mark.parametrize("fired", CRITICAL, ids=lambda a: a.name)
+def test_the_remediator_drains_the_alerts_host(tmp_path: Path, fired: object) -> None:
+    policy = load_policy(REPO / "exporters/remediate-policy.example.yaml")
+    # Acting (not the example's dry run) for the test's cluster, jobs from the scheduler alone (no
+    # Prometheus here); the rails (rate limit, drain cap, allowed partitions) are the example's.
+    policy = dataclasses.replace(
+        policy, dry_run=False, cluster="c1", jobs=Jobs(), audit_log=tmp_path / "audit.jsonl"
+    )
+    backend = RecordingBackend([f"n{i}" for i in range(1, 41)], jobs={"n1": ["4242"]})
+    rem = Remediator(policy, backend, AuditLog(tmp_path / "audit.jsonl"), clock=lambda: 1_700_000_100.0)
+    labels = fired.test.fire_labels[0]  # type: ignore[attr-defined]
+    rem.handle(parse_notification(payload(alert(fired.name, **labels))))  # type: ignore[attr-defined]
+    assert ("drain", "n1", False) in backend.calls
+    assert ("requeue", "4242", False) in backend.calls
+    reason = backend.drained["n1"]
+    assert any(labels[key] in reason for key in ("device", "pci_address", "controller") if key in labels), (
+        reason
+    )
