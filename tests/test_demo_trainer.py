@@ -103,3 +103,26 @@ def test_kill_resume_slow_save_hang_and_clean_stop(tmp_path: Path) -> None:
     peak = json.loads((tmp_path / "run" / "demo-peak.json").read_text())["peak_flops"]
     assert peak > 1e8, "a calibrated CPU matmul rate, reused by the restart"
 
+
+def test_a_hang_due_during_start_up_plays_once_the_watchdog_times_steps(tmp_path: Path) -> None:
+    """A hang whose time comes while the process still imports torch (a restart slower than its
+    scenario planned, on a loaded machine) plays after the first steps, so the watchdog books it: at
+    once, it would play on the start-up threshold (30 min) and go unbooked, as one CI run saw."""
+    t0 = time.time()
+    trainer = _trainer(tmp_path, t0, [{"at": 0.5, "event": "hang", "seconds": 4}])
+    dumps_dir = tmp_path / "run" / "hangs"
+    try:
+        deadline = time.monotonic() + 90
+        while not list(dumps_dir.glob("hang-*.txt")):
+            assert trainer.poll() is None, "the trainer died"
+            assert time.monotonic() < deadline, "no hang booked"
+            time.sleep(0.2)
+        trainer.send_signal(signal.SIGTERM)
+        assert trainer.wait(timeout=30) == 0
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+    summary = summarize(tmp_path / "run")
+    assert 2.0 <= summary.totals.badput_seconds["hang"] < 10.0
+    assert summary.incarnations[0].steps >= 3, "it stepped before hanging"

@@ -21,7 +21,10 @@ simulated GPU the training claims (``gpu_clock`` events from the demo) stretches
 simulator's throttled SM clock, as a throttled GPU slows the training on it. The product's hang watchdog
 (:mod:`babysitter.training.watchdog`, started by ``watch()``) books that time as ``hang`` in the
 ledger, exactly as in production; the demo only lowers its floor (``watch(hang_floor=...)``,
-``--hang-floor``, 5 s here against production's 300 s) so that a hang of seconds counts.
+``--hang-floor``, 5 s here against production's 300 s) so that a hang of seconds counts. A hang due
+before this process has finished three steps waits for them: until it has two step times the
+watchdog holds its start-up threshold (imports and compilation are not a hang), so a restart slower
+than planned would play the hang unbooked.
 
 Steps are paced (``--pace`` seconds each at least; the pause sits inside the step, as a slower model
 would) so the demo leaves CPU for everything else on a small machine. MFU is measured against the
@@ -70,6 +73,9 @@ _CKPT = re.compile(r"^step-(\d{8})\.pt$")
 _KEEP = 3
 #: The hang watchdog's floor in the demo (``watch(hang_floor=...)``; production's default is 300 s).
 HANG_FLOOR = 5.0
+#: Steps of this process after which the watchdog leaves its start-up threshold (it needs two step
+#: times, so three steps) and a scripted hang can play.
+_ARMED_STEPS = 3
 #: How much ``loss_spike`` scales the logits: the loss jumps far above its median (random tokens: ~5.5).
 SPIKE_SCALE = 30.0
 #: The eval batch's seed: one held-out batch, none of the training's (seeded by their step).
@@ -306,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     slow_save = 0.0
     bad_loss_until, bad_scale = 0.0, 1.0
     clock = initial_clock  # the claimed simulated GPU's SM clock over its unthrottled one
+    first_step = step
     loader = Loader(cfg.vocab_size, args.batch, args.seq_len, step=step)
     batches = iter(tracker.data(loader))
     saved_slot = int((time.time() - t0) // args.checkpoint_interval)
@@ -313,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         while not stop.is_set() and not (args.max_steps and step >= args.max_steps):
             now = time.time() - t0
             while events and float(events[0]["at"]) <= now:
+                if events[0]["event"] == "hang" and step - first_step < _ARMED_STEPS:
+                    break  # the watchdog is still on its start-up threshold
                 event = events.pop(0)
                 if event["event"] == "slow_checkpoint":
                     slow_save = float(event["seconds"])
