@@ -20,16 +20,22 @@ pytestmark = pytest.mark.slow
 def _trainer(
     tmp_path: Path, t0: float, events: list[dict[str, object]], *extra: str
 ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable, "-m", "babysitter.demo.trainer",
-            "--run-dir", str(tmp_path / "run"), "--registry-dir", str(tmp_path / "reg"),
-            "--run", "t", "--t0", repr(t0), "--events", json.dumps(events),
-            "--pace", "0.05", "--checkpoint-interval", "3", "--hang-floor", "2", *extra,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    with (tmp_path / "trainer.log").open("ab") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [
+                sys.executable, "-m", "babysitter.demo.trainer",
+                "--run-dir", str(tmp_path / "run"), "--registry-dir", str(tmp_path / "reg"),
+                "--run", "t", "--t0", repr(t0), "--events", json.dumps(events),
+                "--pace", "0.05", "--checkpoint-interval", "3", "--hang-floor", "2", *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )  # fmt: skip
+
+
+def _log(tmp_path: Path) -> str:
+    """The trainers' log lines (watchdog, hangs, saves), for a failure's message."""
+    return "".join((tmp_path / "trainer.log").read_text(errors="replace").splitlines(True)[-30:])
 
 
 def _wait_checkpoints(ckpt: Path, count: int, timeout: float = 60) -> list[str]:
@@ -76,7 +82,7 @@ def test_kill_resume_slow_save_hang_and_clean_stop(tmp_path: Path) -> None:
         # Until the hang is booked (its stack dump), over (4 s), and a few steps have followed it.
         while not list(dumps_dir.glob("hang-*.txt")) or time.time() - t0 < hang_at + 7:
             assert second.poll() is None, "the restarted trainer died"
-            assert time.monotonic() < deadline, "no hang booked"
+            assert time.monotonic() < deadline, f"no hang booked:\n{_log(tmp_path)}"
             time.sleep(0.2)
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=30) == 0
@@ -109,13 +115,13 @@ def test_a_hang_due_during_start_up_plays_once_the_watchdog_times_steps(tmp_path
     scenario planned, on a loaded machine) plays after the first steps, so the watchdog books it: at
     once, it would play on the start-up threshold (30 min) and go unbooked, as one CI run saw."""
     t0 = time.time()
-    trainer = _trainer(tmp_path, t0, [{"at": 0.5, "event": "hang", "seconds": 4}])
+    trainer = _trainer(tmp_path, t0, [{"at": 0.5, "event": "hang", "seconds": 6}])
     dumps_dir = tmp_path / "run" / "hangs"
     try:
         deadline = time.monotonic() + 90
         while not list(dumps_dir.glob("hang-*.txt")):
             assert trainer.poll() is None, "the trainer died"
-            assert time.monotonic() < deadline, "no hang booked"
+            assert time.monotonic() < deadline, f"no hang booked:\n{_log(tmp_path)}"
             time.sleep(0.2)
         trainer.send_signal(signal.SIGTERM)
         assert trainer.wait(timeout=30) == 0
@@ -125,4 +131,4 @@ def test_a_hang_due_during_start_up_plays_once_the_watchdog_times_steps(tmp_path
             trainer.wait()
     summary = summarize(tmp_path / "run")
     assert 2.0 <= summary.totals.badput_seconds["hang"] < 10.0
-    assert summary.incarnations[0].steps >= 3, "it stepped before hanging"
+    assert summary.incarnations[0].steps >= 10, "it stepped before hanging"

@@ -22,9 +22,11 @@ simulator's throttled SM clock, as a throttled GPU slows the training on it. The
 (:mod:`babysitter.training.watchdog`, started by ``watch()``) books that time as ``hang`` in the
 ledger, exactly as in production; the demo only lowers its floor (``watch(hang_floor=...)``,
 ``--hang-floor``, 5 s here against production's 300 s) so that a hang of seconds counts. A hang due
-before this process has finished three steps waits for them: until it has two step times the
-watchdog holds its start-up threshold (imports and compilation are not a hang), so a restart slower
-than planned would play the hang unbooked.
+before this process has finished :data:`_ARMED_STEPS` steps waits for them: until it has two step
+times the watchdog holds its start-up threshold (imports and compilation are not a hang), and its
+threshold is 10 x the median step time, which the first slow steps (the first backward pass, a
+loaded machine) would hold above a few seconds' hang; a restart slower than planned would play the
+hang unbooked.
 
 Steps are paced (``--pace`` seconds each at least; the pause sits inside the step, as a slower model
 would) so the demo leaves CPU for everything else on a small machine. MFU is measured against the
@@ -73,9 +75,9 @@ _CKPT = re.compile(r"^step-(\d{8})\.pt$")
 _KEEP = 3
 #: The hang watchdog's floor in the demo (``watch(hang_floor=...)``; production's default is 300 s).
 HANG_FLOOR = 5.0
-#: Steps of this process after which the watchdog leaves its start-up threshold (it needs two step
-#: times, so three steps) and a scripted hang can play.
-_ARMED_STEPS = 3
+#: Steps of this process before a scripted hang can play: the watchdog leaves its start-up threshold
+#: after three, and with ten the median it scales is the paced steps', not the first slow ones.
+_ARMED_STEPS = 10
 #: How much ``loss_spike`` scales the logits: the loss jumps far above its median (random tokens: ~5.5).
 SPIKE_SCALE = 30.0
 #: The eval batch's seed: one held-out batch, none of the training's (seeded by their step).
