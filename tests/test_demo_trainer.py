@@ -115,7 +115,9 @@ def test_a_hang_due_during_start_up_plays_once_the_watchdog_times_steps(tmp_path
     scenario planned, on a loaded machine) plays after the first steps, so the watchdog books it: at
     once, it would play on the start-up threshold (30 min) and go unbooked, as one CI run saw."""
     t0 = time.time()
-    trainer = _trainer(tmp_path, t0, [{"at": 0.5, "event": "hang", "seconds": 6}])
+    # Due 0.3 s after the process was created (the trainer replays what comes after that), long
+    # before torch is imported.
+    trainer = _trainer(tmp_path, t0, [{"at": 0.3, "event": "hang", "seconds": 6}])
     dumps_dir = tmp_path / "run" / "hangs"
     try:
         deadline = time.monotonic() + 90

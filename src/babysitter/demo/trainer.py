@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    started = time.time()
+    started = _started()
     t0 = args.t0 if args.t0 is not None else started
     scripted = sorted(json.loads(args.events), key=lambda e: float(e["at"]))
     events = [e for e in scripted if float(e["at"]) >= started - t0]
@@ -368,6 +368,20 @@ def main(argv: list[str] | None = None) -> int:
         tracker.close(clean=True)
     log.info("demo trainer: stopped at step %d", step)
     return 0
+
+
+def _started() -> float:
+    """When this process was created: the events before it belong to an earlier incarnation. Not when
+    ``main`` runs: on a loaded machine the interpreter's start-up took long enough that an event due
+    in it was dropped as if it came before the process."""
+    try:  # the kernel's clock ticks since boot at the process's start, against the uptime now
+        with open("/proc/self/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return time.time() - max(uptime - ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):  # no /proc: the time main runs is the next best
+        return time.time()
 
 
 def gpu_clock_at(events: list[dict[str, Any]], at: float) -> float:
