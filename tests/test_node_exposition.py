@@ -70,6 +70,7 @@ CASES = [
 @pytest.mark.parametrize("text", CASES)
 def test_same_families_or_same_error(text: str) -> None:
     assert _ours(text) == _theirs(text)
+    assert _ours(text) == _theirs(text), "the second time too, its comment lines remembered"
 
 
 _TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)

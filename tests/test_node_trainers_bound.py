@@ -307,6 +307,25 @@ def test_fair_pick_is_fair_between_users_and_within_budget(
             assert len(got) == len(mine)
 
 
+@given(
+    st.lists(st.tuples(st.integers(0, 4), _BLOCKS), max_size=12),
+    st.integers(1, 3000),
+    st.integers(1, 200_000),
+)
+def test_fair_pick_takes_everything_when_everything_fits_as_the_filling_would(
+    endpoints: list[tuple[int, list[tuple[int, int]]]], max_series: int, max_bytes: int
+) -> None:
+    """The shortcut when the host is within its budget (every ordinary scrape) keeps what progressive
+    filling keeps, block for block."""
+    owners = [owner for owner, _ in endpoints]
+    blocks = [[share.Block(b"x" * size, series) for series, size in bs] for _, bs in endpoints]
+    served = [[b for b in bs if b.series] for bs in blocks]
+    kept = share.fair_pick(owners, blocks, max_series=max_series, max_bytes=max_bytes)
+    assert kept == share._fill(owners, served, max_series=max_series, max_bytes=max_bytes)
+    roomy = share.fair_pick(owners, blocks, max_series=10**6, max_bytes=10**9)
+    assert roomy == share._fill(owners, served, max_series=10**6, max_bytes=10**9) == served
+
+
 def test_fair_pick_counts_long_lines_against_their_user() -> None:
     """A user whose few series are huge (long label values) uses up its share in bytes, not the
     others': the other user's many small series are all served."""
@@ -338,3 +357,43 @@ def test_family_blocks_parse_like_the_whole() -> None:
     whole = [(f.name, f.samples) for f in text_string_to_metric_families(text)]
     parts = [(f.name, f.samples) for b in blocks for f in text_string_to_metric_families(b.text.decode())]
     assert parts == whole
+
+
+def _split_by_cuts(body: bytes) -> list[tuple[bytes, int, str]]:
+    """The reference split (the agent's first one): find the cuts, then count each block's samples."""
+    import itertools
+    import re
+
+    meta = re.compile(rb"^#[ \t]+(?:HELP|TYPE)[ \t]+(\S+)", re.MULTILINE)
+    sample = re.compile(rb"^[ \t]*[^#\s]", re.MULTILINE)
+    cuts: list[tuple[int, str]] = [(0, "")]
+    current: bytes | None = None
+    for match in meta.finditer(body):
+        if match.group(1) != current:
+            current = match.group(1)
+            cuts.append((match.start(), current.decode("utf-8", "replace")))
+    cuts.append((len(body), ""))
+    return [
+        (body[a:b], len(sample.findall(body[a:b])), name)
+        for (a, name), (b, _) in itertools.pairwise(cuts)
+        if b > a
+    ]
+
+
+_LINES = st.sampled_from(
+    [
+        "# HELP a x", "# TYPE a counter", "# HELP b y\\n", "#  TYPE  b gauge", "#\tHELP a", "# EOF",
+        "# TYPE", "#HELP a", "a 1", 'a{x="#"} 2', "  b 3", "\t# HELP c", "", " ", "\r", "c\x00 1",
+        "# HELP \xe9 x", "#", "b_sum 1 12", 'a{y="\\n# HELP b"} 1',
+    ]
+)  # fmt: skip
+
+
+@given(st.lists(_LINES, max_size=40), st.booleans())
+def test_one_pass_split_gives_the_reference_blocks(lines: list[str], newline: bool) -> None:
+    """The single-scan split cuts and counts exactly where the two-pass one did, on any mix of
+    comments, samples, blanks and junk."""
+    body = ("\n".join(lines) + ("\n" if newline else "")).encode()
+    got = [(b.text, b.series, b.name) for b in share.split_families(body)]
+    assert got == _split_by_cuts(body)
+    assert sum(b.series for b in share.split_families(body)) == share.count_series(body)

@@ -31,6 +31,11 @@ _SAMPLE = re.compile(
 )
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\.)*)"')
 _COMMENT = re.compile(rf"# (HELP|TYPE) ({_NAME})(?: ([^\"]*))?")
+#: Comment lines read before (at most this many, each at most this long: a rank's text is untrusted).
+_headers: dict[str, tuple[str, str, str] | None] = {}
+_MAX_HEADERS = 4096
+_MAX_HEADER = 1024
+_UNSEEN = object()
 _ALLOWED = {
     "counter": ("",),
     "gauge": ("",),
@@ -75,6 +80,38 @@ def _comment(line: str) -> list[str]:
     return ["#", kind, name] if rest is None else ["#", kind, name, rest]
 
 
+def _header(line: str) -> tuple[str, str, str] | None:
+    """``(HELP or TYPE, family, documentation or type)`` of a comment line, None for one the parser
+    skips; raises where it raises. Remembered: a rank sends the same comment lines every scrape."""
+    got = _headers.get(line, _UNSEEN)
+    if got is not _UNSEEN:
+        return got  # type: ignore[return-value]
+    read = _read_header(line)
+    if len(line) <= _MAX_HEADER and len(_headers) < _MAX_HEADERS:
+        _headers[line] = read
+    return read
+
+
+def _read_header(line: str) -> tuple[str, str, str] | None:
+    parts = _comment(line)
+    if len(parts) < 2:
+        return None
+    candidate, quoted = "", False
+    if len(parts) > 2:
+        if parts[1] != "TYPE" and parts[1] != "HELP":
+            return None
+        candidate, quoted = _pc._unquote_unescape(parts[2])
+        if not quoted and not _pc._is_valid_legacy_metric_name(candidate):
+            raise ValueError
+    if parts[1] == "HELP":
+        return "HELP", candidate, _pc._replace_help_escaping(parts[3]) if len(parts) == 4 else ""
+    if parts[1] == "TYPE":
+        if len(parts) < 4:
+            raise ValueError
+        return "TYPE", candidate, parts[3]
+    return None
+
+
 def _build(name: str, documentation: str, typ: str, samples: list[Sample]) -> Metric:
     if typ == "counter":
         if name.endswith("_total"):
@@ -100,17 +137,11 @@ def _families(lines: Iterable[str]) -> Iterator[Metric]:
     for raw in lines:
         line = raw.strip()
         if line.startswith("#"):
-            parts = _comment(line)
-            if len(parts) < 2:
+            header = _header(line)
+            if header is None:
                 continue
-            candidate, quoted = "", False
-            if len(parts) > 2:
-                if parts[1] != "TYPE" and parts[1] != "HELP":
-                    continue
-                candidate, quoted = _pc._unquote_unescape(parts[2])
-                if not quoted and not _pc._is_valid_legacy_metric_name(candidate):
-                    raise ValueError
-            if parts[1] == "HELP":
+            kind, candidate, payload = header
+            if kind == "HELP":
                 if candidate != name:
                     if name != "":
                         yield _build(name, documentation, typ, samples)
@@ -118,17 +149,15 @@ def _families(lines: Iterable[str]) -> Iterator[Metric]:
                     typ = "untyped"
                     samples = []
                     allowed = (candidate,)
-                documentation = _pc._replace_help_escaping(parts[3]) if len(parts) == 4 else ""
-            elif parts[1] == "TYPE":
-                if len(parts) < 4:
-                    raise ValueError
+                documentation = payload
+            else:
                 if candidate != name:
                     if name != "":
                         yield _build(name, documentation, typ, samples)
                     name = candidate
                     documentation = ""
                     samples = []
-                typ = parts[3]
+                typ = payload
                 allowed = tuple(name + suffix for suffix in _ALLOWED.get(typ, ("",)))
         elif line == "":
             pass

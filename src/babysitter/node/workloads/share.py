@@ -23,18 +23,17 @@ from __future__ import annotations
 
 import collections
 import heapq
-import itertools
 import re
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 __all__ = ["Block", "count_series", "fair_pick", "read_limits", "split_families"]
 
 U = TypeVar("U", bound=Hashable)
 
-_META = re.compile(rb"^#[ \t]+(?:HELP|TYPE)[ \t]+(\S+)", re.MULTILINE)
 _SAMPLE = re.compile(rb"^[ \t]*[^#\s]", re.MULTILINE)
+#: A line's start, as a family's comment (group 1: its name) or as a sample.
+_LINE = re.compile(rb"^(?:#[ \t]+(?:HELP|TYPE)[ \t]+(\S+)|[ \t]*[^#\s])", re.MULTILINE)
 
 
 def fair_pick(
@@ -46,10 +45,22 @@ def fair_pick(
     one owner's endpoints. The owner with the least served so far takes the next block of its
     least-served endpoint; a block that does not fit what is left is dropped and the next one tried,
     so one big family never shuts a small one out. ``owners[i]`` owns ``blocks[i]``."""
-    kept: list[list[Block]] = [[] for _ in blocks]
-    queues = [collections.deque(b for b in bs if b.series) for bs in blocks]
+    served = [[b for b in bs if b.series] for bs in blocks]
+    if sum(b.series for bs in served for b in bs) <= max_series and (
+        sum(b.size for bs in served for b in bs) <= max_bytes
+    ):
+        return served  # everything fits (every scrape of a host within its budget): nothing to share
+    return _fill(owners, served, max_series=max_series, max_bytes=max_bytes)
+
+
+def _fill(
+    owners: Sequence[U], served: list[list[Block]], *, max_series: int, max_bytes: int
+) -> list[list[Block]]:
+    """:func:`fair_pick`'s progressive filling of the non-empty blocks ``served``."""
+    kept: list[list[Block]] = [[] for _ in served]
+    queues = [collections.deque(bs) for bs in served]
     uid_share: dict[U, float] = {}
-    ep_share = [0.0] * len(blocks)
+    ep_share = [0.0] * len(served)
     mine: dict[U, list[tuple[float, int]]] = {}
     for i, owner in enumerate(owners):
         if queues[i]:
@@ -86,8 +97,7 @@ def read_limits(owners: Sequence[U], *, budget: int, floor: int, cap: int) -> li
     return [min(cap, max(floor, per_owner // counts[owner])) for owner in owners]
 
 
-@dataclass(frozen=True)
-class Block:
+class Block(NamedTuple):
     """One family's text as served (its comment lines and samples), its sample count and size."""
 
     text: bytes
@@ -104,20 +114,21 @@ class Block:
 def split_families(body: bytes) -> list[Block]:
     """The blocks of an exposition, in order: a new block starts where ``# HELP``/``# TYPE`` name a
     family other than the current one. Samples before any such line, or of untyped families without
-    one, stay in the block they follow (all or nothing, as an endpoint that omits them deserves)."""
-    cuts: list[tuple[int, str]] = [(0, "")]
-    current: bytes | None = None
-    for match in _META.finditer(body):
-        name = match.group(1)
-        if name != current:
-            cuts.append((match.start(), name.decode("utf-8", "replace")))
-            current = name
-    cuts.append((len(body), ""))
-    blocks = []
-    for (start, name), (end, _) in itertools.pairwise(cuts):
-        if end > start:
-            text = body[start:end]
-            blocks.append(Block(text, len(_SAMPLE.findall(text)), name))
+    one, stay in the block they follow (all or nothing, as an endpoint that omits them deserves).
+    One pass over the line starts (a C-speed scan; the agent splits every rank's text each scrape)."""
+    blocks: list[Block] = []
+    start, name, current, series = 0, "", None, 0
+    for match in _LINE.finditer(body):
+        meta = match.group(1)
+        if meta is None:
+            series += 1
+        elif meta != current:
+            cut = match.start()
+            if cut > start:
+                blocks.append(Block(body[start:cut], series, name))
+            start, name, current, series = cut, meta.decode("utf-8", "replace"), meta, 0
+    if len(body) > start:
+        blocks.append(Block(body[start:], series, name))
     return blocks
 
 
