@@ -606,7 +606,9 @@ def test_goodput_rule_equals_the_trackers_own_goodput_on_both_engines(run: Run) 
         for name, value in rule.items():
             low, high = tracker[name]
             assert low - 0.02 <= value <= high + 0.02, (engine, name, value, low, high)
-            assert value < 0.9, (engine, name, value)  # torch's import and the calibration count
+            # Torch's import and the calibration count: ignoring them gave 0.996. Not a tighter
+            # bound: how much of a young run they are depends on the machine (0.903 in one CI run).
+            assert value < 0.97, (engine, name, value)
 
 
 def test_a_killed_runs_rules_end_at_once_on_both_engines(run: Run) -> None:
