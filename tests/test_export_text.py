@@ -104,3 +104,22 @@ def test_duplicates_dropped_while_rendering_as_when_merging() -> None:
     fast = render_text(merge_families(families, dedupe=False), on_duplicate=dropped.append)
     assert fast == render_text(merge_families(families))
     assert dropped == ["train_mfu_ratio"] * 4
+
+
+def test_a_duplicate_in_another_label_order_is_dropped_and_lines_stay_sorted() -> None:
+    """Lines are remembered by the labels in their given order; the series is still named by its
+    sorted labels, so the same series sent with its labels the other way round is dropped, and either
+    order renders as generate_latest renders it."""
+    forward = GaugeMetricFamily("train_mfu_ratio", "MFU", labels=["run", "rank"])
+    forward.add_metric(["r1", "0"], 0.4)
+    backward = GaugeMetricFamily("train_mfu_ratio", "MFU", labels=["rank", "run"])
+    backward.add_metric(["0", "r1"], 0.5)
+    for families in ([forward], [backward], [backward], [forward]):
+        ours, theirs = _both(families)
+        assert ours == theirs
+    dropped: list[str] = []
+    both = Metric("train_mfu_ratio", "MFU", "gauge")
+    both.samples = [*forward.samples, *backward.samples]
+    text = render_text([both], on_duplicate=dropped.append).decode()
+    assert text.count("train_mfu_ratio{") == 1 and 'rank="0",run="r1"} 0.4' in text
+    assert dropped == ["train_mfu_ratio"]

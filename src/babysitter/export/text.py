@@ -11,6 +11,7 @@ are escaped only when they hold a character that needs it, and everything else i
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from math import copysign
 
 from prometheus_client.core import Metric
 from prometheus_client.openmetrics import exposition as _om
@@ -62,23 +63,29 @@ def _head(name: str, items: tuple[tuple[str, str], ...]) -> str:
 
 
 def _line(
-    name: str, labels: dict[str, str], value: float, timestamp: object, seen: set[object] | None = None
+    name: str, labels: dict[str, str], value: float, timestamp: object, seen: set[str] | None = None
 ) -> str:
     """One sample line, remembered by series: a series keeps its labels, and often its value. With
     ``seen``, a series already written in this rendering gives "" (the caller counts it)."""
-    key = (name, tuple(sorted(labels.items())) if labels else ())
-    if seen is not None:
-        if key in seen:
-            return ""
-        seen.add(key)
+    # Remembered by the labels in their given order (no sort: a source gives them alike each time);
+    # the head, written with them sorted, is what names the series, whatever the order.
+    key = (name, tuple(labels.items()))
     cached = _lines.get(key)
     if cached is not None:
         head, last, stamp, line = cached
+        if seen is not None:
+            if head in seen:
+                return ""
+            seen.add(head)
         # 0 and -0.0 are equal but written apart; everything else equal is written alike.
-        if last == value and stamp == timestamp and (value or repr(value) == repr(last)):
+        if last == value and stamp == timestamp and (value or copysign(1.0, value) == copysign(1.0, last)):
             return line
     else:
-        head = _head(*key)
+        head = _head(name, tuple(sorted(labels.items())))
+        if seen is not None:
+            if head in seen:
+                return ""
+            seen.add(head)
         if len(_lines) >= _MAX_LINES:
             _lines.clear()  # series come and go (ranks, runs): start over rather than grow
     if timestamp is not None:
@@ -104,7 +111,7 @@ def render_text(families: Iterable[Metric], *, on_duplicate: Callable[[str], Non
     With ``on_duplicate``, a series (name and labels) written once is not written again: it is told
     the sample name instead (the node agent merges the ranks' families and must never serve one series
     twice, which would fail the whole scrape)."""
-    seen: set[object] | None = set() if on_duplicate is not None else None
+    seen: set[str] | None = set() if on_duplicate is not None else None
     out: list[str] = []
     for metric in families:
         name, kind = metric.name, metric.type

@@ -17,6 +17,8 @@ through.
 
 from __future__ import annotations
 
+import functools
+
 from babysitter import catalog
 from babysitter.catalog import MetricSpec
 
@@ -65,6 +67,7 @@ RESERVED_PREFIXES: tuple[str, ...] = tuple(
 )
 
 
+@functools.lru_cache(maxsize=8192)  # asked for every sample of every rank at every scrape
 def is_reserved_name(name: str) -> bool:
     """Whether a trainer may not serve a family or sample of this name."""
     return (
