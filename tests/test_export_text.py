@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
@@ -18,7 +19,8 @@ from prometheus_client.core import (
     SummaryMetricFamily,
 )
 
-from babysitter.export.text import render_text
+from babysitter.export.text import Rows, render_text
+from babysitter.node.agent import merge_families
 
 
 class _Registry:
@@ -123,3 +125,61 @@ def test_a_duplicate_in_another_label_order_is_dropped_and_lines_stay_sorted() -
     text = render_text([both], on_duplicate=dropped.append).decode()
     assert text.count("train_mfu_ratio{") == 1 and 'rank="0",run="r1"} 0.4' in text
     assert dropped == ["train_mfu_ratio"]
+
+
+_VALUE = st.one_of(st.floats(), st.integers(min_value=-(10**30), max_value=10**30))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    kind=st.sampled_from(["gauge", "counter"]),
+    rows=st.lists(st.tuples(st.text(max_size=6), st.text(max_size=6), _VALUE), max_size=5),
+)
+def test_rows_render_and_read_as_the_families_they_stand_for(
+    kind: str, rows: list[tuple[str, str, float]]
+) -> None:
+    """A collector's Rows family gives the bytes and the samples of the Gauge- or CounterMetricFamily
+    with the same series, twice in a row (its lines remembered), and with the agent's merge."""
+    fast = Rows("r", "help", kind, ["zone", "gpu"])  # not in sorted order: written sorted
+    slow = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
+        "r", "help", labels=["zone", "gpu"]
+    )
+    for zone, gpu, value in rows:
+        fast.add_metric((zone, gpu), value)
+        slow.add_metric([zone, gpu], value)
+    assert fast.samples == slow.samples
+    for _ in range(2):
+        assert render_text([fast]) == generate_latest(_Registry([slow]))  # type: ignore[arg-type]
+    dropped: list[str] = []
+    merged = merge_families([fast], dedupe=False)
+    assert merged == [fast], "a family no other shares is served as it is"
+    assert render_text(merged, on_duplicate=dropped.append) == render_text(merge_families([slow]))
+    assert len(dropped) == len(rows) - len({(z, g) for z, g, _ in rows})
+
+
+def test_rows_merge_with_other_families_of_their_name_and_duplicates_drop_across_both() -> None:
+    """Where another family has the name (the agent's build info next to a tracker's), the rows
+    are merged as samples; a series in both is written once, from the first."""
+    rows = Rows("train_mfu_ratio", "MFU", "gauge", ["rank", "run"])
+    rows.add_metric(("0", "r1"), 0.4)
+    rows.add_metric(("1", "r1"), 0.5)
+    other = GaugeMetricFamily("train_mfu_ratio", "MFU", labels=["run", "rank"])
+    other.add_metric(["r1", "1"], 0.9)  # the same series as the second row
+    other.add_metric(["r1", "2"], 0.6)
+    dropped: list[str] = []
+    text = render_text(merge_families([rows, other], dedupe=False), on_duplicate=dropped.append).decode()
+    assert text == render_text(merge_families([rows, other])).decode()
+    assert 'rank="1",run="r1"} 0.5' in text and "0.9" not in text and 'rank="2"' in text
+    assert dropped == ["train_mfu_ratio"]
+    plain = render_text([rows, other], on_duplicate=dropped.append).decode()  # not merged: still once
+    assert plain.count('rank="1",run="r1"}') == 1
+
+
+def test_rows_refuse_other_kinds_and_sample_assignment() -> None:
+    with pytest.raises(ValueError):
+        Rows("h", "histogram", "histogram", [])
+    rows = Rows("g", "gauge", "gauge", [])
+    samples = GaugeMetricFamily("g", "gauge", value=1).samples
+    with pytest.raises(TypeError):
+        rows.samples = samples  # made from the rows only: an assignment would be lost
+    assert rows.rows == [] and rows.samples == []

@@ -17,6 +17,7 @@ exposition stays valid for Prometheus.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import sys
@@ -33,7 +34,7 @@ from babysitter._version import __version__
 from babysitter.catalog import node as N
 from babysitter.catalog import selfmon as S
 from babysitter.export.server import MetricsServer, Request, Response, tls_context
-from babysitter.export.text import render_text
+from babysitter.export.text import Rows, render_text
 from babysitter.node.collector import Collector
 
 __all__ = ["SCRAPE_TIMEOUT_HEADER", "Agent", "Server", "merge_families", "scrape_timeout"]
@@ -236,8 +237,16 @@ def merge_families(families: Iterable[Metric], *, dedupe: bool = True) -> list[M
     off: the renderer drops them then) and type clashes dropped."""
     merged: dict[str, Metric] = {}
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    families = list(families)
+    alone: set[str] = set()
+    if not dedupe:  # a collector's Rows family whose name no other family has is served as it is
+        counts = collections.Counter(_exposed(f)[0] for f in families)
+        alone = {name for name, n in counts.items() if n == 1}
     for family in families:
         name, kind = _exposed(family)
+        if name in alone and type(family) is Rows:
+            merged[name] = family
+            continue
         target = merged.get(name)
         if target is None:
             target = Metric(name if family.type == "info" else family.name, family.documentation, kind)

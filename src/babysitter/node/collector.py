@@ -13,9 +13,11 @@ from typing import Protocol
 
 from prometheus_client.core import Metric
 
+from babysitter.catalog import MetricSpec
+from babysitter.export.text import Rows
 from babysitter.labels import normalize_pci_bus_id
 
-__all__ = ["Collector", "GpuIdentity", "normalize_pci_bus_id"]
+__all__ = ["Collector", "GpuIdentity", "family_of", "normalize_pci_bus_id"]
 
 
 class Collector(Protocol):
@@ -44,3 +46,14 @@ class GpuIdentity:
     def label_values(self) -> tuple[str, str, str, str]:
         """Values in the order of :data:`babysitter.catalog.node.GPU_LABELS`."""
         return (str(self.index), self.uuid, normalize_pci_bus_id(self.pci_bus_id), self.model)
+
+
+def family_of(spec: MetricSpec) -> Metric:
+    """An empty family for a catalog entry, as a collector fills it: gauges and counters as
+    :class:`~babysitter.export.text.Rows` (rendered without a sample object per series), the rest as
+    ``spec.family()`` makes them."""
+    if spec.kind == "counter":
+        return Rows(spec.base_name, spec.help, "counter", spec.labels)
+    if spec.kind == "gauge":
+        return Rows(spec.name, spec.help, "gauge", spec.labels)
+    return spec.family()

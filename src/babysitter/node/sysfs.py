@@ -33,6 +33,7 @@ from prometheus_client.core import Metric
 
 from babysitter.catalog import fabric as F
 from babysitter.catalog._spec import MetricSpec
+from babysitter.node.collector import family_of
 
 __all__ = ["PROBLEMS", "Counters", "Rescan", "Sample", "SysfsReader", "to_families"]
 
@@ -313,9 +314,9 @@ def to_families(samples: Iterable[Sample]) -> list[Metric]:
     for spec, labels, value in samples:
         family = families.get(spec.name)
         if family is None:
-            family = families[spec.name] = spec.family()
+            family = families[spec.name] = family_of(spec)
         if spec.kind == "info":
             family.add_metric(list(labels), {})  # type: ignore[attr-defined]
         else:
-            family.add_metric(list(labels), value)  # type: ignore[attr-defined]
+            family.add_metric(labels, value)  # type: ignore[attr-defined]
     return [families[name] for name in sorted(families, key=lambda n: _ORDER.get(n, len(_ORDER)))]

@@ -28,7 +28,7 @@ from prometheus_client.core import Metric
 
 from babysitter.catalog import node as N
 from babysitter.catalog._spec import MetricSpec
-from babysitter.node.collector import GpuIdentity
+from babysitter.node.collector import GpuIdentity, family_of
 from babysitter.node.gpu.nvml import Nvml, NvmlUnavailable, error_name
 
 __all__ = ["CLOCK_EVENT_REASONS", "EXPORTED_CLOCK_EVENT_REASONS", "GpuCollector"]
@@ -531,8 +531,8 @@ def _families(samples: Sequence[Sample]) -> list[Metric]:
     for spec, labels, value in samples:
         family = families.get(spec.name)
         if family is None:
-            family = families[spec.name] = spec.family()
+            family = families[spec.name] = family_of(spec)
             specs[spec.name] = spec
-        family.add_metric(list(labels), value)  # type: ignore[attr-defined]
+        family.add_metric(labels, value)  # type: ignore[attr-defined]
     order = {spec.name: i for i, spec in enumerate(N.METRICS)}
     return [families[name] for name in sorted(families, key=lambda n: order.get(n, len(order)))]
