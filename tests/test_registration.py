@@ -220,3 +220,83 @@ def test_other_users_cannot_forge_or_squat(public_tmp: Path) -> None:
             registration.register(shared, _endpoint())
     finally:
         os.seteuid(0)
+
+
+def test_proc_reader_agrees_with_psutil() -> None:
+    """The agent's /proc reader gives psutil's create_time() and uids, which registrations store,
+    for this process and a child; a pid that exited is ProcessLookupError (counted as dead)."""
+    import psutil
+
+    from babysitter.registration._proc import Procfs
+
+    proc = Procfs()
+    boot = proc.boot_time()
+    assert boot == psutil.boot_time()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        for pid in (os.getpid(), child.pid, 1):
+            assert proc.start_time(pid, boot) == psutil.Process(pid).create_time()
+            uids = psutil.Process(pid).uids()
+            assert proc.uids(pid) == (uids.real, uids.effective)
+    finally:
+        child.kill()
+        child.wait()
+    with pytest.raises(ProcessLookupError):
+        proc.start_ticks(child.pid)
+    with pytest.raises(ProcessLookupError):
+        proc.uids(child.pid)
+
+
+def _fake_proc(root: Path, pid: int, *, stat_line: str, status: str, btime: str = "btime 1000\n") -> None:
+    (root / str(pid)).mkdir(parents=True, exist_ok=True)
+    (root / "stat").write_text("cpu  1 2 3 4\ncpu0 1 2 3 4\nintr 5 6 7\nctxt 9\n" + btime + "processes 3\n")
+    (root / str(pid) / "stat").write_text(stat_line)
+    (root / str(pid) / "status").write_text(status)
+
+
+def test_scanner_judges_the_process_from_proc(tmp_path: Path) -> None:
+    """Through a procfs root the test writes: the start tick (after the last ")", whatever the command
+    name holds) against the registered start; the Uid line against the directory's uid; garbage,
+    a missing line or an unreadable file is "unreadable", never served and never raised."""
+    from babysitter.registration._proc import CLOCK_TICKS, Procfs
+
+    pid, uid = 4242, os.geteuid()
+    ticks = 500 * CLOCK_TICKS  # 500 s after a boot at 1000 s
+    start = 1000.0 + ticks / CLOCK_TICKS
+    fields = ["S", "1"] + ["0"] * 17 + [str(ticks)] + ["0"] * 30
+    good_stat = f"{pid} (a) b) c) {' '.join(fields)}\n"
+    good_status = f"Name:\ta\nUmask:\t0022\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t0\t0\t0\t0\n"
+    ep = registration.Endpoint(pid, start, "http://127.0.0.1:9450/metrics", "run", 0, 0)
+    reg = tmp_path / "reg"
+    own = reg / str(uid)  # written by hand: register() would prune it, as pid 4242 is not alive here
+    own.mkdir(parents=True)
+    (own / ep.name).write_text(json.dumps({"schema": 1, **ep.__dict__}))
+    proc = tmp_path / "proc"
+
+    def judge(**fake: str) -> tuple[list[registration.Registered], dict[str, int]]:
+        _fake_proc(proc, pid, **{"stat_line": good_stat, "status": good_status, **fake})
+        return _scan(reg, procfs=Procfs(str(proc)))
+
+    found, skipped = judge()
+    assert [r.endpoint for r in found] == [ep] and skipped == {}
+    later = good_stat.replace(f" {ticks} ", f" {ticks + 2 * CLOCK_TICKS} ")
+    assert judge(stat_line=later) == ([], {"dead": 1})
+    other = good_status.replace(f"Uid:\t{uid}\t{uid}", f"Uid:\t{uid + 1}\t{uid + 1}")
+    assert judge(status=other) == ([], {"wrong_owner": 1})
+    effective = good_status.replace(f"Uid:\t{uid}\t{uid}", f"Uid:\t{uid + 1}\t{uid}")
+    assert [r.endpoint for r in judge(status=effective)[0]] == [ep]
+    for broken in (
+        {"stat_line": "4242 (a) S 1\n"},
+        {"stat_line": good_stat.replace(str(ticks), "x")},
+        {"status": "Name:\ta\n"},
+        {"status": "Name:\ta\nUid:\t\n"},
+        {"btime": ""},
+    ):
+        assert judge(**broken) == ([], {"unreadable": 1}), broken
+    judge()
+    (proc / str(pid) / "status").unlink()
+    (proc / str(pid) / "status").mkdir()  # read() fails: EISDIR
+    assert _scan(reg, procfs=Procfs(str(proc))) == ([], {"unreadable": 1})
+    (proc / str(pid) / "status").rmdir()
+    (proc / str(pid) / "stat").unlink()
+    assert _scan(reg, procfs=Procfs(str(proc))) == ([], {"dead": 1})

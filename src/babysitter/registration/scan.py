@@ -34,6 +34,7 @@ from pathlib import Path
 import psutil
 
 from babysitter.registration._endpoint import Endpoint, parse_endpoint, parse_target
+from babysitter.registration._proc import CLOCK_TICKS, Procfs
 
 __all__ = [
     "MAX_FILE_BYTES",
@@ -138,8 +139,11 @@ class Scanner:
         max_endpoints: int = 256,
         max_users: int = 1024,
         max_entries: int = 100_000,
+        procfs: Procfs | None = None,
     ) -> None:
         self.directory = directory
+        self._proc = procfs if procfs is not None else Procfs()
+        self._boot: float | None = None
         self._networks = tuple(networks)
         self._max_per_user = max_per_user
         self._max_endpoints = max_endpoints
@@ -148,7 +152,8 @@ class Scanner:
         self._totals: collections.Counter[str] = collections.Counter()
         self._counted: set[tuple[object, str]] = set()
         self._seen: set[tuple[object, str]] = set()
-        self._cache: dict[tuple[object, ...], Endpoint | _Skip] = {}
+        #: Each file version's verdict: the registration it makes (if its process checks out) or why not.
+        self._cache: dict[tuple[object, ...], Registered | _Skip] = {}
         self._used: set[tuple[object, ...]] = set()
         self._logged: set[str] = set()
         self._lines = 0
@@ -161,6 +166,7 @@ class Scanner:
     def scan(self, *, prune: bool = False) -> list[Registered]:
         """The registrations to serve now. With ``prune``, dead ones are deleted when permitted."""
         self._seen, self._used, self._lines, self._unlogged = set(), set(), 0, 0
+        self._boot = None  # read once per scan, when a registration needs it
         try:
             top = os.open(self.directory, _DIR_FLAGS)
         except FileNotFoundError:
@@ -265,25 +271,26 @@ class Scanner:
     # ------------------------------------------------------------------ one file
 
     def _check_entry(self, fd: int, uid: int, entry: os.DirEntry[str], *, prune: bool) -> Registered | None:
-        path = self.directory / str(uid) / entry.name
         key = ("file", uid, entry.name, _identity(entry))
-        judged = self._cache.get(key)
-        if judged is None:
+        registered = self._cache.get(key)
+        if registered is None:
             judged = self._judge(fd, uid, entry)
-            self._cache[key] = judged
+            path = self.directory / str(uid) / entry.name
+            registered = judged if isinstance(judged, _Skip) else Registered(judged, uid, path)
+            self._cache[key] = registered
         self._used.add(key)
-        if isinstance(judged, _Skip):
-            self._skip(key, judged.reason, path, str(judged))
+        if isinstance(registered, _Skip):
+            self._skip(key, registered.reason, self.directory / str(uid) / entry.name, str(registered))
             return None
-        verdict = _process_verdict(judged, uid)
+        verdict = self._process_verdict(registered.endpoint, uid)
         if verdict is not None:
-            self._skip(key, verdict.reason, path, str(verdict))
+            self._skip(key, verdict.reason, registered.path, str(verdict))
             if verdict.reason == "dead" and prune:
                 # Not ours to remove under a non-root agent: then it stays skipped, counted once.
                 with contextlib.suppress(OSError):
                     os.unlink(entry.name, dir_fd=fd)
             return None
-        return Registered(judged, uid, path)
+        return registered
 
     def _judge(self, fd: int, uid: int, entry: os.DirEntry[str]) -> Endpoint | _Skip:
         try:
@@ -307,6 +314,25 @@ class Scanner:
         except OSError as exc:
             return _Skip("unreadable", exc.strerror or str(exc))
         return endpoint
+
+    def _process_verdict(self, endpoint: Endpoint, uid: int) -> _Skip | None:
+        """None when the registering process is alive and runs as ``uid``; else why not (from /proc:
+        its start, against the one registered, as a reused pid starts later; then its user ids)."""
+        pid = endpoint.pid
+        try:
+            if self._boot is None:
+                self._boot = self._proc.boot_time()
+            ticks = self._proc.start_ticks(pid)
+            if abs(ticks / CLOCK_TICKS + self._boot - endpoint.start_time) >= 1.0:
+                return _Skip("dead", f"pid {pid} is another process now")
+            uids = self._proc.uids(pid)
+        except ProcessLookupError:
+            return _Skip("dead", f"pid {pid} exited")
+        except (OSError, ValueError) as exc:  # hidepid, an unreadable /proc: cannot vouch for it
+            return _Skip("unreadable", f"cannot read process {pid}: {exc}"[:200])
+        if uid not in uids:
+            return _Skip("wrong_owner", f"pid {pid} runs as uid {uids[0]}, the file belongs to uid {uid}")
+        return None
 
     # ------------------------------------------------------------------ conflicts
 
@@ -363,21 +389,3 @@ def _identity(entry: os.DirEntry[str]) -> tuple[int, ...]:
     except OSError:
         return (-1,)
     return (st.st_ino, st.st_mtime_ns, st.st_size, st.st_uid, st.st_mode)
-
-
-def _process_verdict(endpoint: Endpoint, uid: int) -> _Skip | None:
-    """None when the registering process is alive and runs as ``uid``; else why not (from /proc)."""
-    try:
-        process = psutil.Process(endpoint.pid)
-        if abs(process.create_time() - endpoint.start_time) >= 1.0:
-            return _Skip("dead", f"pid {endpoint.pid} is another process now")
-        uids = process.uids()
-    except psutil.NoSuchProcess:
-        return _Skip("dead", f"pid {endpoint.pid} exited")
-    except Exception as exc:  # AccessDenied (hidepid), an unreadable /proc: cannot vouch for it
-        return _Skip("unreadable", f"cannot read process {endpoint.pid}: {exc}"[:200])
-    if uid not in (uids.real, uids.effective):
-        return _Skip(
-            "wrong_owner", f"pid {endpoint.pid} runs as uid {uids.real}, the file belongs to uid {uid}"
-        )
-    return None
