@@ -19,7 +19,7 @@ from prometheus_client.core import (
     SummaryMetricFamily,
 )
 
-from babysitter.export.text import Rows, render_text
+from babysitter.export.text import Lines, Rows, render_text, series_head
 from babysitter.node.agent import merge_families
 
 
@@ -183,3 +183,28 @@ def test_rows_refuse_other_kinds_and_sample_assignment() -> None:
     with pytest.raises(TypeError):
         rows.samples = samples  # made from the rows only: an assignment would be lost
     assert rows.rows == [] and rows.samples == []
+
+
+@pytest.mark.parametrize("lines_first", [True, False])
+def test_lines_merge_with_other_families_of_their_name_either_way_round(lines_first: bool) -> None:
+    """A ranks' Lines family next to a plain family of its name (from a rank the full way, or the
+    agent's own) merges into one, in the order given; a series in both is written once, from the
+    first; the samples read back as the lines say."""
+    lines = Lines("train_mfu_ratio", "MFU", "gauge")
+    for rank, value in (("0", 0.4), ("1", 0.5)):
+        labels = {"run": "r1", "rank": rank}
+        head = series_head("train_mfu_ratio", labels)
+        lines.add_line(head, f"{head} {value}\n", "train_mfu_ratio", labels, value)
+    other = GaugeMetricFamily("train_mfu_ratio", "MFU", labels=["run", "rank"])
+    other.add_metric(["r1", "1"], 0.9)  # the same series as the second line
+    other.add_metric(["r1", "2"], 0.6)
+    families: list[Metric] = [lines, other] if lines_first else [other, lines]
+    dropped: list[str] = []
+    text = render_text(merge_families(families, dedupe=False), on_duplicate=dropped.append).decode()
+    assert text == render_text(merge_families(families)).decode()
+    assert text.count("# TYPE train_mfu_ratio gauge") == 1
+    assert ('rank="1",run="r1"} 0.5' in text) == lines_first and ("0.9" in text) != lines_first
+    assert dropped == ["train_mfu_ratio"]
+    assert [(s.labels["rank"], s.value) for s in lines.samples] == [("0", 0.4), ("1", 0.5)]
+    with pytest.raises(TypeError):
+        lines.samples = other.samples  # made from the rows only

@@ -18,7 +18,7 @@ from prometheus_client.openmetrics import exposition as _om
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString as _go_float
 
-__all__ = ["CONTENT_TYPE", "Rows", "render_text"]
+__all__ = ["CONTENT_TYPE", "Lines", "Rows", "render_text", "series_head"]
 
 #: What a response in this format says it is (prometheus_client's ``CONTENT_TYPE_PLAIN_0_0_4``).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -62,6 +62,11 @@ def _head(name: str, items: tuple[tuple[str, str], ...]) -> str:
         inner = ",".join(f'{_label_name(k)}="{_value(v)}"' for k, v in items)
         return f"{_metric_name(name)}{{{inner}}}"
     return _metric_name(name)
+
+
+def series_head(name: str, labels: dict[str, str]) -> str:
+    """A series' line up to its value, as :func:`render_text` writes it (labels sorted by name)."""
+    return _head(name, tuple(sorted(labels.items())))
 
 
 def _line(
@@ -131,6 +136,32 @@ class Rows(Metric):
             raise TypeError("Rows' samples are made from its rows: use add_metric")
 
 
+class Lines(Metric):
+    """A family of sample lines already written, each with its head (the series: :func:`series_head`)
+    and the sample it is: the node agent serves the ranks' series this way, from templates of their
+    text (:mod:`babysitter.node.workloads.trainers`), so that :func:`render_text` copies lines and
+    deduplicates by head without making and formatting a sample per series. Everything else reads
+    ``samples``, made from the rows when asked for (a read-only view; add rows with :meth:`add_line`)."""
+
+    def __init__(self, name: str, documentation: str, typ: str) -> None:
+        super().__init__(name, documentation, typ)
+        self.rows: list[tuple[str, str, str, dict[str, str], float]] = []
+
+    def add_line(self, head: str, line: str, sample: str, labels: dict[str, str], value: float) -> None:
+        """One series: its head, its whole line (``head value\\n``), and the sample name, labels and
+        value the line says (the caller vouches that they agree)."""
+        self.rows.append((head, line, sample, labels, value))
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [Sample(name, dict(labels), value, None, None) for _, _, name, labels, value in self.rows]
+
+    @samples.setter
+    def samples(self, value: list[Sample]) -> None:
+        if value:  # Metric.__init__ sets [] and nothing else sets them
+            raise TypeError("Lines' samples are made from its rows: use add_line")
+
+
 def _row_line(
     name: str, names: tuple[str, ...], labels: tuple[str, ...], value: float, seen: set[str] | None
 ) -> str:
@@ -195,6 +226,15 @@ def render_text(families: Iterable[Metric], *, on_duplicate: Callable[[str], Non
                     out.append(line)
                 else:
                     on_duplicate(sample)  # type: ignore[misc]
+            continue
+        if type(metric) is Lines:
+            for head, line, sample, _, _ in metric.rows:
+                if seen is not None:
+                    if head in seen:
+                        on_duplicate(sample)  # type: ignore[misc]
+                        continue
+                    seen.add(head)
+                out.append(line)
             continue
         extra: dict[str, list[str]] = {}
         base = metric.name

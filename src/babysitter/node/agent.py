@@ -34,7 +34,7 @@ from babysitter._version import __version__
 from babysitter.catalog import node as N
 from babysitter.catalog import selfmon as S
 from babysitter.export.server import MetricsServer, Request, Response, tls_context
-from babysitter.export.text import Rows, render_text
+from babysitter.export.text import Lines, Rows, render_text
 from babysitter.node.collector import Collector
 
 __all__ = ["SCRAPE_TIMEOUT_HEADER", "Agent", "Server", "merge_families", "scrape_timeout"]
@@ -244,12 +244,15 @@ def merge_families(families: Iterable[Metric], *, dedupe: bool = True) -> list[M
         alone = {name for name, n in counts.items() if n == 1}
     for family in families:
         name, kind = _exposed(family)
-        if name in alone and type(family) is Rows:
+        if name in alone and type(family) in (Rows, Lines):
             merged[name] = family
             continue
         target = merged.get(name)
         if target is None:
-            target = Metric(name if family.type == "info" else family.name, family.documentation, kind)
+            if not dedupe and type(family) is Lines:  # the ranks' families: their lines, joined
+                target = Lines(family.name, family.documentation, family.type)
+            else:
+                target = Metric(name if family.type == "info" else family.name, family.documentation, kind)
             target.unit = family.unit
             merged[name] = target
         elif target.type != kind:
@@ -262,6 +265,14 @@ def merge_families(families: Iterable[Metric], *, dedupe: bool = True) -> list[M
             )
             continue
         if not dedupe:
+            if type(target) is Lines:
+                if type(family) is Lines:
+                    target.rows.extend(family.rows)
+                    continue
+                joined = Metric(target.name, target.documentation, kind)  # another kind of family too
+                joined.unit = target.unit
+                joined.samples.extend(target.samples)
+                target = merged[name] = joined
             target.samples.extend(family.samples)
             continue
         for sample in family.samples:

@@ -44,6 +44,7 @@ from babysitter.node.workloads import share
 from babysitter.node.workloads.exposition import parse_text
 from babysitter.node.workloads.fetch import FETCH_ERRORS, Fetched, Fetcher, FetchError
 from babysitter.node.workloads.reserved import RESERVED_PREFIXES, is_reserved_name, reserved_label
+from babysitter.node.workloads.templates import Templates
 
 __all__ = [
     "ERRORS",
@@ -131,6 +132,7 @@ class TrainersCollector:
         self._dropped = 0
         self._series_dropped: collections.Counter[tuple[str, str]] = collections.Counter()
         self._told: set[tuple[str, str]] = set()
+        self._templates = Templates(max_bytes=4 * max_bytes_total)
 
     def limit_to(self, scrape_timeout: float | None) -> None:
         """The timeout of the scrape about to run (Prometheus' header), or None: the fetch fits in it."""
@@ -145,6 +147,10 @@ class TrainersCollector:
         with self._lock:
             found = self._scanner.scan(prune=True)
             self._forget_gone(found)
+            self._templates.keep(
+                (r.endpoint.pid, r.endpoint.start_time, r.endpoint.url, r.endpoint.run, r.endpoint.rank)
+                for r in found
+            )
             limits = share.read_limits(
                 [r.owner_uid for r in found], budget=self._read_budget, floor=READ_FLOOR, cap=self._max_bytes
             )
@@ -169,7 +175,7 @@ class TrainersCollector:
                 error = errors.get(i)
                 if error is None:
                     try:
-                        out.extend(self._bound(_parse(b"".join(b.text for b in kept[i])), reg))
+                        out.extend(self._serve(reg, kept[i]))
                     except FetchError as exc:
                         error = exc
                 labels = [ep.run, str(ep.rank), str(reg.owner_uid)]
@@ -271,6 +277,18 @@ class TrainersCollector:
                 reg.owner_uid,
                 name[:200],
             )
+
+    def _serve(self, reg: registration.Registered, blocks: list[share.Block]) -> list[Metric]:
+        """The families of an endpoint's kept blocks, each parsed and bound to its registration (or
+        from its template: :mod:`~babysitter.node.workloads.templates`); any FetchError fails them all."""
+        ep = reg.endpoint
+        owner = (ep.pid, ep.start_time, ep.url, ep.run, ep.rank)
+        served: list[Metric] = []
+        for block in blocks:
+            served.extend(
+                self._templates.serve(owner, block.text, lambda text: self._bound(_parse(text), reg))
+            )
+        return served
 
     def _bound(self, families: list[Metric], reg: registration.Registered) -> list[Metric]:
         """The families this endpoint may serve: its own run and rank only, no reserved names or labels."""
