@@ -198,6 +198,32 @@ def _help(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n")
 
 
+_headers: dict[tuple[str, str, str], tuple[str, str]] = {}
+
+
+def _family_header(name: str, kind: str, documentation: str) -> tuple[str, str]:
+    """A family's ``# HELP`` and ``# TYPE`` lines, and its help as written; remembered (a family
+    keeps them), unless its help is long (a rank's text is untrusted)."""
+    key = (name, kind, documentation)
+    header = _headers.get(key)
+    if header is None:
+        if kind == "counter":
+            name += "_total"
+        elif kind == "info":
+            name += "_info"
+        elif kind == "unknown":
+            kind = "untyped"
+        kind = _TYPES.get(kind, kind)
+        shown = _metric_name(name)
+        doc = _help(documentation)
+        header = (f"# HELP {shown} {doc}\n# TYPE {shown} {kind}\n", doc)
+        if len(documentation) <= 1024:
+            if len(_headers) >= _MAX_CACHED:
+                _headers.clear()
+            _headers[key] = header
+    return header
+
+
 def render_text(families: Iterable[Metric], *, on_duplicate: Callable[[str], None] | None = None) -> bytes:
     """``families`` in the text format, byte for byte what ``generate_latest`` gives for them.
 
@@ -207,17 +233,8 @@ def render_text(families: Iterable[Metric], *, on_duplicate: Callable[[str], Non
     seen: set[str] | None = set() if on_duplicate is not None else None
     out: list[str] = []
     for metric in families:
-        name, kind = metric.name, metric.type
-        if kind == "counter":
-            name += "_total"
-        elif kind == "info":
-            name += "_info"
-        elif kind == "unknown":
-            kind = "untyped"
-        kind = _TYPES.get(kind, kind)
-        shown = _metric_name(name)
-        doc = _help(metric.documentation)
-        out.append(f"# HELP {shown} {doc}\n# TYPE {shown} {kind}\n")
+        header = _family_header(metric.name, metric.type, metric.documentation)
+        out.append(header[0])
         if type(metric) is Rows:
             sample, names = metric.sample_name, metric.labelnames
             for labels, value in metric.rows:
@@ -249,6 +266,6 @@ def render_text(families: Iterable[Metric], *, on_duplicate: Callable[[str], Non
                 out.append(line)
         for suffix, lines in sorted(extra.items()):
             shown = _metric_name(base + suffix)
-            out.append(f"# HELP {shown} {doc}\n# TYPE {shown} gauge\n")
+            out.append(f"# HELP {shown} {header[1]}\n# TYPE {shown} gauge\n")
             out.extend(lines)
     return "".join(out).encode("utf-8")

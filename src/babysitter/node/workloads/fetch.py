@@ -42,6 +42,7 @@ FETCH_ERRORS = (
 )
 _MAX_HEAD = 64 * 1024
 _CHUNK = 65536
+_MAX_PLANS = 4096
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
 
@@ -79,6 +80,7 @@ class Fetcher:
         self._max_bytes = max_bytes
         self._ssl = ssl_context if ssl_context is not None else ssl.create_default_context()
         self._networks = tuple(networks)
+        self._plans: dict[str, tuple[int, tuple[str, int], bytes, str | None]] = {}
 
     def fetch_all(
         self,
@@ -121,25 +123,43 @@ class Fetcher:
                         conn.fail(FetchError("timeout", f"no complete response within {deadline:g} s"))
         return [conn.result for conn in conns]  # type: ignore[misc]
 
+    def _plan(self, url: str) -> tuple[int, tuple[str, int], bytes, str | None]:
+        """(socket family, address, request, TLS server name or None) of a URL, checked; remembered
+        (the same endpoints are fetched every scrape; a URL is checked the same way every time)."""
+        plan = self._plans.get(url)
+        if plan is not None:
+            return plan
+        target = parse_target(url)
+        address = target.address
+        if not (address.is_loopback or any(address in net for net in self._networks)):
+            raise FetchError("forbidden_target", f"{address} is not loopback nor in an allowed network")
+        host = f"[{address}]" if address.version == 6 else str(address)
+        request = (
+            f"GET {target.path} HTTP/1.0\r\nHost: {host}:{target.port}\r\n"
+            "Accept: text/plain;version=0.0.4\r\nAccept-Encoding: identity\r\n"
+            "User-Agent: babysitter-node-agent\r\nConnection: close\r\n\r\n"
+        ).encode("ascii")
+        family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+        plan = (
+            family,
+            (str(address), target.port),
+            request,
+            target.host if target.scheme == "https" else None,
+        )
+        if len(self._plans) >= _MAX_PLANS:
+            self._plans.clear()
+        self._plans[url] = plan
+        return plan
+
     def _open(self, url: str, limit: int, start: float) -> _Conn:
         conn = _Conn(limit, start)
         try:
-            target = parse_target(url)
-            address = target.address
-            if not (address.is_loopback or any(address in net for net in self._networks)):
-                raise FetchError("forbidden_target", f"{address} is not loopback nor in an allowed network")
-            host = f"[{address}]" if address.version == 6 else str(address)
-            conn.request = (
-                f"GET {target.path} HTTP/1.0\r\nHost: {host}:{target.port}\r\n"
-                "Accept: text/plain;version=0.0.4\r\nAccept-Encoding: identity\r\n"
-                "User-Agent: babysitter-node-agent\r\nConnection: close\r\n\r\n"
-            ).encode("ascii")
-            if target.scheme == "https":
-                conn.tls = (self._ssl, target.host)
-            family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+            family, address, conn.request, server_name = self._plan(url)
+            if server_name is not None:
+                conn.tls = (self._ssl, server_name)
             conn.sock = socket.socket(family, socket.SOCK_STREAM)
             conn.sock.setblocking(False)
-            code = conn.sock.connect_ex((str(address), target.port))
+            code = conn.sock.connect_ex(address)
             if code not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
                 raise OSError(code, f"connect: {errno.errorcode.get(code, code)}")
         except Exception as exc:  # a bad URL or a refused connect costs only its own fetch
