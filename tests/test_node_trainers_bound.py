@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import textwrap
 import threading
@@ -397,3 +398,24 @@ def test_one_pass_split_gives_the_reference_blocks(lines: list[str], newline: bo
     got = [(b.text, b.series, b.name) for b in share.split_families(body)]
     assert got == _split_by_cuts(body)
     assert sum(b.series for b in share.split_families(body)) == share.count_series(body)
+
+
+_PLAIN_LINES = st.sampled_from(
+    [
+        "# HELP a x", "# TYPE a counter", "# HELP b y", "#  TYPE  b gauge", "#\tHELP a z", "# EOF",
+        "# HELP ", "# HELP  a", "# HELP \x0ba", "# TYPE a\x0cgauge", "#HELP a", "#", "a 1", 'a{x="#"} 2',
+        "b_sum 1 12", "c\r 1", "# HELP \xe9 x", 'a{y="\\n# HELP b"} 1', "# TYPE c", "c 3",
+    ]
+)  # fmt: skip
+
+
+@given(st.lists(_PLAIN_LINES, min_size=1, max_size=40), st.booleans())
+def test_the_split_of_plain_text_gives_the_reference_blocks(lines: list[str], newline: bool) -> None:
+    """Text with no blank line and no line starting with whitespace (as exporters write it) is split
+    and counted line by line with bytes methods: exactly where the reference cuts and counts."""
+    body = ("\n".join(lines) + ("\n" if newline else "")).encode()
+    assert share._plain(body)
+    got = [(b.text, b.series, b.name) for b in share.split_families(body)]
+    assert got == _split_by_cuts(body)
+    assert sum(b.series for b in share.split_families(body)) == share.count_series(body)
+    assert share.count_series(body) == len(re.findall(rb"^[ \t]*[^#\s]", body, re.MULTILINE))

@@ -212,11 +212,15 @@ class TrainersCollector:
         if result.error is not None:
             raise result.error
         body = result.body
-        samples = share.count_series(body)
-        if samples > self._max_series or body.count(b"\n") > 3 * self._max_series + 64:
+        if body.count(b"\n") > 3 * self._max_series + 64:  # bounds the split's work
+            samples = share.count_series(body)
+            raise FetchError("too_many_series", f"{samples} series, more than the {self._max_series} allowed")
+        split = share.split_families(body)
+        samples = sum(block.series for block in split)
+        if samples > self._max_series:
             raise FetchError("too_many_series", f"{samples} series, more than the {self._max_series} allowed")
         blocks = []
-        for block in share.split_families(body):
+        for block in split:
             if block.name and is_reserved_name(block.name):
                 self._drop_reserved(reg, block.name, block.series)
                 continue
