@@ -208,3 +208,34 @@ def test_lines_merge_with_other_families_of_their_name_either_way_round(lines_fi
     assert [(s.labels["rank"], s.value) for s in lines.samples] == [("0", 0.4), ("1", 0.5)]
     with pytest.raises(TypeError):
         lines.samples = other.samples  # made from the rows only
+
+
+def test_rows_reused_whole_only_while_nothing_differs() -> None:
+    """A Rows family whose rows are as last time is written from its last text; a changed value,
+    a -0.0 where 0.0 was (equal, written apart), or a series already written by an earlier family
+    makes it written row by row again."""
+
+    def rows(*values: float) -> Rows:
+        family = Rows("w", "help", "gauge", ["gpu"])
+        for gpu, value in enumerate(values):
+            family.add_metric((str(gpu),), value)
+        return family
+
+    def reference(*values: float) -> bytes:
+        slow = GaugeMetricFamily("w", "help", labels=["gpu"])
+        for gpu, value in enumerate(values):
+            slow.add_metric([str(gpu)], value)
+        return generate_latest(_Registry([slow]))  # type: ignore[arg-type]
+
+    for values in [(0.0, 1.0), (0.0, 1.0), (0.0, 2.0), (-0.0, 2.0), (0.0, 2.0), (0.0, 2.0)]:
+        assert render_text([rows(*values)]) == reference(*values), values
+        dropped: list[str] = []
+        assert render_text([rows(*values)], on_duplicate=dropped.append) == reference(*values)
+        assert dropped == []
+    earlier = GaugeMetricFamily("v", "other", labels=["gpu"])
+    earlier.add_metric(["0"], 5.0)
+    earlier.samples[0] = earlier.samples[0]._replace(name="w")  # a series of w, written first
+    dropped = []
+    text = render_text([earlier, rows(0.0, 2.0)], on_duplicate=dropped.append).decode()
+    assert text.count('w{gpu="0"}') == 1 and 'w{gpu="0"} 5.0' in text and dropped == ["w"]
+    assert render_text([rows(0.0, 2.0)], on_duplicate=dropped.append) == reference(0.0, 2.0)

@@ -117,9 +117,13 @@ class Rows(Metric):
         self.labelnames = tuple(labels)
         self.sample_name = f"{name}_total" if typ == "counter" else name
         self.rows: list[tuple[tuple[str, ...], float]] = []
+        #: Whether a value is -0.0, which equals 0.0 but is written apart (no whole-family reuse then).
+        self.negative_zero = False
 
     def add_metric(self, labels: Iterable[str], value: float) -> None:
         """One series: its label values, in :attr:`labelnames`' order, and its value."""
+        if not value and copysign(1.0, value) < 0:
+            self.negative_zero = True
         self.rows.append((tuple(labels), value))
 
     @property
@@ -164,29 +168,70 @@ class Lines(Metric):
 
 def _row_line(
     name: str, names: tuple[str, ...], labels: tuple[str, ...], value: float, seen: set[str] | None
-) -> str:
-    """:func:`_line` for a row: remembered by its label values, the head written from them sorted."""
+) -> tuple[str, str]:
+    """:func:`_line` for a row, with its head: remembered by its label values, the head written from
+    them sorted; the line is "" for a series already written (with ``seen``)."""
     key = (name, names, labels)
     cached = _row_lines.get(key)
     if cached is not None:
         head, last, line = cached
         if seen is not None:
             if head in seen:
-                return ""
+                return head, ""
             seen.add(head)
         if last == value and (value or copysign(1.0, value) == copysign(1.0, last)):
-            return line
+            return head, line
     else:
         head = _head(name, tuple(sorted(zip(names, labels, strict=True))))
         if seen is not None:
             if head in seen:
-                return ""
+                return head, ""
             seen.add(head)
         if len(_row_lines) >= _MAX_LINES:
             _row_lines.clear()
     line = f"{head} {floatToGoString(value)}\n"
     _row_lines[key] = (head, value, line)
-    return line
+    return head, line
+
+
+#: Each Rows family's last rows, text and heads, by sample name and label names: most of a host's
+#: series (link widths, states, error counts) are the same from one scrape to the next.
+_row_families: dict[
+    tuple[str, tuple[str, ...]], tuple[list[tuple[tuple[str, ...], float]], str, list[str]]
+] = {}
+
+
+def _render_rows(
+    metric: Rows, out: list[str], seen: set[str] | None, on_duplicate: Callable[[str], None] | None
+) -> None:
+    sample, names, rows = metric.sample_name, metric.labelnames, metric.rows
+    key = (sample, names)
+    cached = _row_families.get(key)
+    if cached is not None and cached[0] == rows and not metric.negative_zero:
+        if seen is None:
+            out.append(cached[1])
+            return
+        if seen.isdisjoint(cached[2]):
+            out.append(cached[1])
+            seen.update(cached[2])
+            return
+    lines: list[str] = []
+    heads: list[str] = []
+    whole = True
+    for labels, value in rows:
+        head, line = _row_line(sample, names, labels, value, seen)
+        if line:
+            lines.append(line)
+            heads.append(head)
+        else:
+            whole = False
+            on_duplicate(sample)  # type: ignore[misc]
+    text = "".join(lines)
+    out.append(text)
+    if whole and not metric.negative_zero and len(set(heads)) == len(heads):  # reusable as a whole
+        if len(_row_families) >= _MAX_CACHED:
+            _row_families.clear()
+        _row_families[key] = (list(rows), text, heads)
 
 
 def floatToGoString(value: float) -> str:
@@ -236,13 +281,7 @@ def render_text(families: Iterable[Metric], *, on_duplicate: Callable[[str], Non
         header = _family_header(metric.name, metric.type, metric.documentation)
         out.append(header[0])
         if type(metric) is Rows:
-            sample, names = metric.sample_name, metric.labelnames
-            for labels, value in metric.rows:
-                line = _row_line(sample, names, labels, value, seen)
-                if line:
-                    out.append(line)
-                else:
-                    on_duplicate(sample)  # type: ignore[misc]
+            _render_rows(metric, out, seen, on_duplicate)
             continue
         if type(metric) is Lines:
             for head, line, sample, _, _ in metric.rows:
