@@ -151,6 +151,21 @@ class Lines(Metric):
         super().__init__(name, documentation, typ)
         self.rows: list[tuple[str, str, str, dict[str, str], float]] = []
 
+    @classmethod
+    def like(cls, family: Metric) -> Lines:
+        """An empty Lines family with ``family``'s name, help, type and unit, which were checked when
+        it was made (the agent makes one per rank's family per scrape: no second check)."""
+        lines = cls.__new__(cls)
+        lines.name, lines.documentation, lines.type, lines.unit = (
+            family.name,
+            family.documentation,
+            family.type,
+            family.unit,
+        )
+        lines.samples = []
+        lines.rows = []
+        return lines
+
     def add_line(self, head: str, line: str, sample: str, labels: dict[str, str], value: float) -> None:
         """One series: its head, its whole line (``head value\\n``), and the sample name, labels and
         value the line says (the caller vouches that they agree)."""

@@ -33,10 +33,11 @@ __all__ = ["Templates"]
 _TOKEN = re.compile(rb"[0-9a-zA-Z.+\-]+")
 _KINDS = frozenset(("counter", "gauge", "summary", "histogram", "unknown"))
 
-# A template: the number of sample lines, then per family (name, help, type, unit, entries); an
-# entry is [head, sample name, labels, last value token, last row] (the row reused while the token is).
+# A template: the number of sample lines, then per family (an empty family of its name, help, type
+# and unit; its entries); an entry is [head, sample name, labels, last value token, last row] (the
+# row reused while the token is).
 _Entry = list[object]
-_Family = tuple[str, str, str, str, list[_Entry]]
+_Family = tuple[Metric, list[_Entry]]
 _Template = tuple[int, list[_Family]]
 
 
@@ -123,7 +124,9 @@ def _template(text: bytes, values: list[bytes], families: list[Metric]) -> _Temp
                 return None
             labels = dict(sample.labels)
             entries.append([series_head(sample.name, labels), sample.name, labels, None, None])
-        out.append((family.name, family.documentation, family.type, family.unit, entries))
+        shape = Metric(family.name, family.documentation, family.type)
+        shape.unit = family.unit
+        out.append((shape, entries))
     if count != len(values):
         return None  # the checks dropped a sample: the full way decides each time
     return count, out
@@ -138,9 +141,8 @@ def _fill(template: _Template, values: list[bytes]) -> list[Metric] | None:
     is not a plain number (the full way then decides what it is, or fails the endpoint)."""
     out: list[Metric] = []
     at = 0
-    for name, documentation, typ, unit, entries in template[1]:
-        family = Lines(name, documentation, typ)
-        family.unit = unit
+    for shape, entries in template[1]:
+        family = Lines.like(shape)
         rows = family.rows
         for entry in entries:
             token = values[at]
