@@ -16,16 +16,28 @@ Counters the kernel resets (a driver reload recreates the device with every coun
 :class:`Counters`, which keeps the exported counter monotonic: a value lower than the last one read,
 or a device directory that is a new one (another inode), adds what was counted before the reset, so
 Prometheus never sees the counter go back and counts what happened after the reset exactly.
+
+The files read at every scrape are kept open and read again from their start (``pread`` at offset
+0: sysfs formats an attribute afresh for each read from its start, the way ``sysfs_notify`` users
+re-read one): the path walk of ``open`` was half of each read's cost, and a host reads a few hundred
+attributes a scrape. A kept file whose device is removed fails its read (ENODEV), and one that a test
+tree deleted or replaced has no links left: either is opened again by its path, and what that finds
+(nothing: ``vanished``) is what counts. Descriptors are bounded (a quarter of the process's file limit
+at most, shared by every reader) and a file not read in a scrape is closed at the scrape's end
+(:meth:`SysfsReader.release_unread`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import re
+import resource
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +59,20 @@ _MAX_ENTRIES = 4096  # entries listed per directory: a tree larger than that is 
 _MAX_TRACKED = 4096  # (file, reason) problems remembered at once
 _LOGGED_PER_READER = 50  # log lines about problems per collector; the counter keeps counting after that
 _NAME = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
+
+
+def _descriptor_budget() -> int:
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (OSError, ValueError):  # pragma: no cover - every Linux has the limit
+        return 0
+    return 1024 if soft == resource.RLIM_INFINITY else max(0, min(1024, soft // 4))
+
+
+#: Descriptors all readers of this process may keep open (sockets and the rest keep the other 3/4).
+KEEP_OPEN = _descriptor_budget()
+_kept = 0
+_kept_lock = threading.Lock()
 _ORDER = {spec.name: i for i, spec in enumerate(F.METRICS)}
 
 #: One value of a collector: its catalog entry, label values (in the entry's order), the value.
@@ -60,13 +86,16 @@ class SysfsReader:
     :meth:`resolve`). Not thread-safe: one reader per collector, used from its collect().
     """
 
-    def __init__(self, root: Path | str, collector: str) -> None:
+    def __init__(self, root: Path | str, collector: str, *, keep_open: bool = True) -> None:
         self.root = Path(root)
         self._root = os.path.abspath(root)
         self.collector = collector
         self._counts = dict.fromkeys(PROBLEMS, 0)
         self._active: set[tuple[str, str]] = set()
         self._logged = 0
+        self._keep_open = keep_open
+        self._fds: dict[str, int] = {}  # path -> a descriptor kept open on it
+        self._read: set[str] = set()  # kept paths read since the last release_unread()
 
     # --- paths ------------------------------------------------------------------------------------
     def path(self, relative: str) -> str:
@@ -111,12 +140,27 @@ class SysfsReader:
 
     # --- reading ------------------------------------------------------------------------------------
     def _raw(self, relative: str, listed: bool) -> bytes | None:
+        path = relative if relative[:1] == "/" else self.path(relative)
+        fd = self._fds.get(path)
+        if fd is not None:
+            try:
+                raw = os.pread(fd, _MAX_BYTES, 0)
+                if os.fstat(fd).st_nlink:  # still the file at ``path`` (see the module docstring)
+                    self._read.add(path)
+                    if self._active:
+                        self.ok(relative, "unreadable", "vanished")
+                    return raw
+            except OSError:
+                pass  # gone or failing: what opening it again finds is what counts
+            self._drop(path)
         try:
-            fd = os.open(relative if relative[:1] == "/" else self.path(relative), _FLAGS)
+            fd = os.open(path, _FLAGS)
             try:
                 raw = os.read(fd, _MAX_BYTES)
-            finally:
+            except BaseException:
                 os.close(fd)
+                raise
+            self._keep(path, fd)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENODEV, errno.ENXIO, errno.ENOTDIR):
                 if listed:
@@ -127,6 +171,54 @@ class SysfsReader:
         if self._active:
             self.ok(relative, "unreadable", "vanished")
         return raw
+
+    def _keep(self, path: str, fd: int) -> None:
+        global _kept
+        with _kept_lock:
+            keep = self._keep_open and _kept < KEEP_OPEN
+            if keep:
+                _kept += 1
+        if keep:
+            self._fds[path] = fd
+            self._read.add(path)
+        else:
+            os.close(fd)
+
+    def _drop(self, path: str) -> None:
+        global _kept
+        fd = self._fds.pop(path)
+        self._read.discard(path)
+        with _kept_lock:
+            _kept -= 1
+        with contextlib.suppress(OSError):  # a descriptor of ours is always valid
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def passing(self) -> Iterator[None]:
+        """Reads inside are not kept open: a rescan's files (device lists, the PCIe tree) are read
+        once a minute, not every scrape."""
+        keep, self._keep_open = self._keep_open, False
+        try:
+            yield
+        finally:
+            self._keep_open = keep
+
+    def release_unread(self) -> None:
+        """Close the files not read since the last call: a collector calls it at the end of each
+        scrape, so a device gone, or a file it no longer reads, holds no descriptor."""
+        for path in [p for p in self._fds if p not in self._read]:
+            self._drop(path)
+        self._read.clear()
+
+    def close(self) -> None:
+        """Close every file kept open."""
+        for path in list(self._fds):
+            self._drop(path)
+
+    @property
+    def kept_open(self) -> int:
+        """Files this reader keeps open now."""
+        return len(self._fds)
 
     def text(self, relative: str, *, listed: bool = True) -> str | None:
         """The file's content, stripped; None when it cannot be read (counted unless it simply does not

@@ -101,7 +101,8 @@ class InfinibandCollector:
         self.scans = 0
 
     def close(self) -> None:
-        """Nothing to release: every file is closed after each read."""
+        """Close the files kept open."""
+        self._reader.close()
 
     # --- discovery ----------------------------------------------------------------------------------
     def _scan(self) -> None:
@@ -177,7 +178,8 @@ class InfinibandCollector:
         """Every port's state, rate, counters and flaps; never raises for what one port does."""
         with self._lock:
             if self._rescan.due():
-                self._scan()
+                with self._reader.passing():
+                    self._scan()
             samples: list[Sample] = []
             vanished = self._reader.vanished
             for p in self._ports:
@@ -191,6 +193,7 @@ class InfinibandCollector:
                 self._rescan.soon()  # a device went away (or is being recreated): look again next scrape
             families = to_families(samples)
             families.append(self._reader.family())
+            self._reader.release_unread()
             return families
 
     def _collect_port(self, p: _Port, out: list[Sample]) -> None:

@@ -102,7 +102,8 @@ class PcieCollector:
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Close the files kept open."""
+        self._reader.close()
 
     def _prepare(self) -> None:
         r = self._reader
@@ -148,8 +149,9 @@ class PcieCollector:
     def collect(self) -> Iterable[Metric]:
         """Every watched device's link and AER counts; never raises for what one device does."""
         with self._lock:
-            if self._inventory.refresh():
-                self._prepare()
+            with self._reader.passing():
+                if self._inventory.refresh():
+                    self._prepare()
             samples: list[Sample] = []
             vanished = self._reader.vanished
             aer_cache: dict[str, dict[str, int | None]] = {}
@@ -161,10 +163,12 @@ class PcieCollector:
                     samples.extend(mine)  # a device that left during the scrape is gone from it
             self._counters.sweep()
             if self._reader.vanished != vanished:
-                self._inventory.refresh(force=True)  # a device left: scan again, forget it next scrape
-                self._prepare()
+                with self._reader.passing():  # a device left: scan again, forget it next scrape
+                    self._inventory.refresh(force=True)
+                    self._prepare()
             families = to_families(samples)
             families.append(self._reader.family())
+            self._reader.release_unread()
             return families
 
     def _collect_device(

@@ -52,8 +52,9 @@ class TopologyCollector:
         rescan_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._reader = SysfsReader(os.fspath(sysfs), self.name)
-        self._proc = SysfsReader(os.fspath(procfs), self.name)
+        # Read once a rescan, not every scrape: nothing to keep open.
+        self._reader = SysfsReader(os.fspath(sysfs), self.name, keep_open=False)
+        self._proc = SysfsReader(os.fspath(procfs), self.name, keep_open=False)
         self._inventory = Inventory(self._reader, rescan_seconds=rescan_seconds, clock=clock)
         self._gpus = gpus
         self._pairs: list[tuple[str, str, tuple[str, ...]]] = []  # (bus id, address, labels after uuid)

@@ -46,7 +46,8 @@ class EdacCollector:
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Close the files kept open."""
+        self._reader.close()
 
     def collect(self) -> Iterable[Metric]:
         """Each memory controller's error counts."""
@@ -68,4 +69,5 @@ class EdacCollector:
             c.sweep()
             families = to_families(samples)
             families.append(r.family())
+            r.release_unread()
             return families

@@ -46,7 +46,8 @@ class CpuThermalCollector:
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Close the files kept open."""
+        self._reader.close()
 
     def _scan(self) -> None:
         r = self._reader
@@ -71,7 +72,8 @@ class CpuThermalCollector:
         """Throttle events per package."""
         with self._lock:
             if self._rescan.due():
-                self._scan()
+                with self._reader.passing():
+                    self._scan()
             r, c = self._reader, self._counters
             samples: list[Sample] = []
             for package, files in self._cores.items():
@@ -92,4 +94,5 @@ class CpuThermalCollector:
             c.sweep()
             families = to_families(samples)
             families.append(r.family())
+            r.release_unread()
             return families

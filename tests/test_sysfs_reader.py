@@ -1,0 +1,119 @@
+"""The sysfs reader keeps the files it reads every scrape open, and never serves a stale value for it.
+
+Files are read again from their start on a kept descriptor; one deleted, replaced or turned into a
+directory is opened again by its path, and what that finds is what counts. Descriptors are bounded
+per process, closed at the end of a scrape that did not read them, and all closed with the collector.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from babysitter.node import sysfs
+from babysitter.node.fabric.fake import FakeSysfs
+from babysitter.node.fabric.infiniband import InfinibandCollector
+from babysitter.node.fabric.pcie import PcieCollector
+from babysitter.node.host.edac import EdacCollector
+from babysitter.node.host.thermal import CpuThermalCollector
+from babysitter.node.sysfs import SysfsReader
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_kept_file_is_read_afresh_and_a_gone_one_is_not_served(tmp_path: Path) -> None:
+    r = SysfsReader(tmp_path, "test")
+    (tmp_path / "a").write_text("1\n")
+    assert r.integer("a") == 1 and r.kept_open == 1
+    with open(tmp_path / "a", "r+") as fh:  # rewritten in place, as sysfs attributes keep their inode
+        fh.write("22\n")
+    assert r.integer("a") == 22
+    (tmp_path / "b").write_text("3\n")
+    os.replace(tmp_path / "b", tmp_path / "a")  # replaced by another file
+    assert r.integer("a") == 3
+    (tmp_path / "a").unlink()  # deleted: the kept descriptor still reads "3", which must not count
+    assert r.integer("a") is None and r.problems()["vanished"] == 1 and r.kept_open == 0
+    (tmp_path / "a").mkdir()  # a directory now: unreadable
+    assert r.integer("a") is None and r.problems()["unreadable"] == 1
+    (tmp_path / "a").rmdir()
+    (tmp_path / "a").write_text("4\n")
+    assert r.integer("a") == 4 and r.kept_open == 1
+    r.close()
+    assert r.kept_open == 0
+
+
+def test_unread_files_are_closed_at_the_scrape_end_and_the_budget_is_shared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in "abc":
+        (tmp_path / name).write_text(f"{ord(name)}\n")
+    monkeypatch.setattr(sysfs, "KEEP_OPEN", sysfs._kept + 2)
+    first, second = SysfsReader(tmp_path, "one"), SysfsReader(tmp_path, "two")
+    before = _open_fds()
+    assert [first.integer("a"), second.integer("b"), second.integer("c")] == [97, 98, 99]
+    assert (first.kept_open, second.kept_open) == (1, 1), "two kept in all; the third read and closed"
+    assert _open_fds() == before + 2
+    assert second.integer("c") == 99  # read fine without a descriptor to keep
+    first.release_unread()  # "a" was read since the last release: kept
+    assert first.kept_open == 1
+    first.release_unread()  # not read since: closed, which makes room for another
+    assert first.kept_open == 0
+    assert second.integer("c") == 99 and second.kept_open == 2
+    unkept = SysfsReader(tmp_path, "rescans", keep_open=False)
+    assert unkept.integer("a") == 97 and unkept.kept_open == 0
+    first.close()
+    second.close()
+    assert _open_fds() == before
+
+
+def test_real_sysfs_values_are_fresh_through_a_kept_descriptor() -> None:
+    """On the kernel's own sysfs: loopback's byte counter, read through a kept descriptor, moves with
+    the traffic sent between two reads."""
+    path = "class/net/lo/statistics/rx_bytes"
+    if not os.path.exists(f"/sys/{path}"):
+        pytest.skip("no /sys/class/net/lo here")
+    r = SysfsReader("/sys", "test")
+    before = r.integer(path)
+    assert before is not None and r.kept_open == 1
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        with socket.create_connection(server.getsockname()) as client:
+            client.sendall(b"x" * 100_000)
+            conn, _ = server.accept()
+            got = 0
+            while got < 100_000:
+                got += len(conn.recv(65536))
+            conn.close()
+    after = r.integer(path)
+    assert after is not None and after >= before + 100_000
+    r.close()
+
+
+def test_collectors_hold_descriptors_only_while_they_run() -> None:
+    """Every hardware collector of an HGX-like host: a scrape keeps its files open, a second reads the
+    same ones (no more), and close() leaves none open."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fake = FakeSysfs(Path(tmp) / "sys", Path(tmp) / "proc")
+        fake.dgx(8, memory_controllers=2, packages=2, cores=8)
+        before = _open_fds()
+        collectors = [
+            InfinibandCollector(fake.root),
+            PcieCollector(fake.root),
+            EdacCollector(fake.root),
+            CpuThermalCollector(fake.root),
+        ]
+        first = [list(c.collect()) for c in collectors]
+        held = _open_fds() - before
+        assert held >= 8 * 20, "the ports' counters are kept open"
+        assert [list(c.collect()) for c in collectors] == first
+        assert _open_fds() - before == held
+        for c in collectors:
+            c.close()
+        assert _open_fds() == before
