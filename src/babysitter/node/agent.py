@@ -17,7 +17,6 @@ exposition stays valid for Prometheus.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import queue
@@ -35,7 +34,7 @@ from babysitter._version import __version__
 from babysitter.catalog import node as N
 from babysitter.catalog import selfmon as S
 from babysitter.export.server import MetricsServer, Request, Response, tls_context
-from babysitter.export.text import Lines, Rows, render_text
+from babysitter.export.text import Lines, render_text
 from babysitter.node.collector import Collector
 
 __all__ = ["SCRAPE_TIMEOUT_HEADER", "Agent", "Server", "merge_families", "scrape_timeout"]
@@ -235,45 +234,19 @@ def _duplicate(name: str) -> None:
 def merge_families(families: Iterable[Metric], *, dedupe: bool = True) -> list[Metric]:
     """One family per exposed name, first-seen help and type; duplicate series (unless ``dedupe`` is
     off: the renderer drops them then) and type clashes dropped."""
+    if not dedupe:
+        return _join(families)
     merged: dict[str, Metric] = {}
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
-    families = list(families)
-    alone: set[str] = set()
-    if not dedupe:  # a collector's Rows family whose name no other family has is served as it is
-        counts = collections.Counter(_exposed(f)[0] for f in families)
-        alone = {name for name, n in counts.items() if n == 1}
     for family in families:
         name, kind = _exposed(family)
-        if name in alone and type(family) in (Rows, Lines):
-            merged[name] = family
-            continue
         target = merged.get(name)
         if target is None:
-            if not dedupe and type(family) is Lines:  # the ranks' families: their lines, joined
-                target = Lines(family.name, family.documentation, family.type)
-            else:
-                target = Metric(name if family.type == "info" else family.name, family.documentation, kind)
+            target = Metric(name if family.type == "info" else family.name, family.documentation, kind)
             target.unit = family.unit
             merged[name] = target
         elif target.type != kind:
-            _log_once(
-                ("type", name),
-                "babysitter: dropping family %s of type %s (already %s)",
-                name,
-                kind,
-                target.type,
-            )
-            continue
-        if not dedupe:
-            if type(target) is Lines:
-                if type(family) is Lines:
-                    target.rows.extend(family.rows)
-                    continue
-                joined = Metric(target.name, target.documentation, kind)  # another kind of family too
-                joined.unit = target.unit
-                joined.samples.extend(target.samples)
-                target = merged[name] = joined
-            target.samples.extend(family.samples)
+            _clash(name, kind, target.type)
             continue
         for sample in family.samples:
             key = (sample.name, tuple(sorted(sample.labels.items())))
@@ -283,6 +256,51 @@ def merge_families(families: Iterable[Metric], *, dedupe: bool = True) -> list[M
             seen.add(key)
             target.samples.append(sample)
     return list(merged.values())
+
+
+def _join(families: Iterable[Metric]) -> list[Metric]:
+    """:func:`merge_families` for the renderer, in one pass: a family whose name no other has is
+    served as it is; the ranks' Lines of one name are joined as lines; anything else as samples."""
+    merged: dict[str, Metric] = {}
+    kinds: dict[str, str] = {}
+    ours: set[str] = set()  # names whose merged family is made here (the others are a source's own)
+    for family in families:
+        kind = family.type
+        name = f"{family.name}_info" if kind == "info" else family.name
+        if kind == "info":
+            kind = "gauge"
+        target = merged.get(name)
+        if target is None:
+            merged[name] = family
+            kinds[name] = kind
+            continue
+        if kinds[name] != kind:
+            _clash(name, kind, kinds[name])
+            continue
+        if name not in ours:
+            ours.add(name)
+            if type(target) is Lines and type(family) is Lines:
+                joined: Metric = Lines.like(target)
+                joined.rows.extend(target.rows)  # type: ignore[attr-defined]
+            else:
+                joined = Metric(name if target.type == "info" else target.name, target.documentation, kind)
+                joined.unit = target.unit
+                joined.samples.extend(target.samples)
+            target = merged[name] = joined
+        if type(target) is Lines:
+            if type(family) is Lines:
+                target.rows.extend(family.rows)
+                continue
+            joined = Metric(target.name, target.documentation, kind)  # another kind of family too
+            joined.unit = target.unit
+            joined.samples.extend(target.samples)
+            target = merged[name] = joined
+        target.samples.extend(family.samples)
+    return list(merged.values())
+
+
+def _clash(name: str, kind: str, already: str) -> None:
+    _log_once(("type", name), "babysitter: dropping family %s of type %s (already %s)", name, kind, already)
 
 
 _logged: set[tuple[str, str]] = set()
