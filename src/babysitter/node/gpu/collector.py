@@ -534,5 +534,7 @@ def _families(samples: Sequence[Sample]) -> list[Metric]:
             family = families[spec.name] = family_of(spec)
             specs[spec.name] = spec
         family.add_metric(labels, value)  # type: ignore[attr-defined]
-    order = {spec.name: i for i, spec in enumerate(N.METRICS)}
-    return [families[name] for name in sorted(families, key=lambda n: order.get(n, len(order)))]
+    return [families[name] for name in sorted(families, key=lambda n: _ORDER.get(n, len(_ORDER)))]
+
+
+_ORDER = {spec.name: i for i, spec in enumerate(N.METRICS)}
