@@ -3,7 +3,8 @@
 Trackers register their endpoint in the registration directory (:mod:`babysitter.registration`). At
 each scrape the agent lists it with a :class:`~babysitter.registration.Scanner` (which skips, counts
 and logs every file it cannot vouch for), fetches every live endpoint concurrently within a total
-deadline (:mod:`babysitter.node.workloads.fetch`), and re-serves the parsed families. So Prometheus needs one
+deadline (:mod:`babysitter.node.workloads.fetch`), and re-serves the parsed families (each family's text
+parsed and checked once per shape: :mod:`~babysitter.node.workloads.templates`). So Prometheus needs one
 scrape target per host, however many jobs and ranks run there.
 
 The directory is shared by every user of the host, so a trainer's output is bound to its
