@@ -1,11 +1,13 @@
 """Node agent overhead: CPU time per scrape, side by side with the fabric and host collectors off and on.
 
-Setup: the agent in this process with N simulated GPUs (the real NVML collector over the fake NVML, the
-Xid collector's threads) and M real trackers (``babysitter.watch`` in subprocesses, stepping)
-registered on the host. With ``--fabric`` (the default) a second agent, built the same way, also reads a
-fake HGX-like sysfs tree (babysitter.node.fabric.fake: each GPU with its single-port NIC, so N ports
-and 2N PCIe devices, plus memory controllers and CPU packages): the two agents are scraped in turn, so
-both columns come from the same minutes of the same machine. Measured in this process only (the
+Setup: an agent with N simulated GPUs (the real NVML collector over the fake NVML, the Xid collector's
+threads) and M real trackers (``babysitter.watch`` in subprocesses, stepping) registered on the host.
+With ``--fabric`` (the default) a second agent, built the same way, also reads a fake HGX-like sysfs
+tree (babysitter.node.fabric.fake: each GPU with its single-port NIC, so N ports and 2N PCIe devices,
+plus memory controllers and CPU packages). Each agent runs in a process of its own, as on a host (two
+agents in one process share its caches and its threads, which made each scrape cost about a tenth
+more than an agent alone: the method before 2026-12-02), and the two are scraped in turn, so both
+columns come from the same minutes of the same machine. Measured in each agent's process only (the
 trackers' own CPU is not the agent's):
 
 - per scrape: process CPU time and wall time of ``Agent.render()`` (collect every collector, merge,
@@ -28,7 +30,9 @@ Usage: python benchmarks/bench_node_agent.py [--gpus 8] [--trainers 8] [--scrape
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -84,6 +88,92 @@ def _per_collector(agent: Any, rounds: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in found.items()}
 
 
+def _worker(spec: str) -> int:
+    """One agent in this process, scraped on request: a JSON line in, a JSON line out (stdin/stdout)."""
+    config = json.loads(spec)
+    built = build(
+        AgentConfig(
+            simulate=config["gpus"],
+            registry_dir=Path(config["registry"]),
+            kmsg_path="",
+            **(
+                {"path_sysfs": config["sysfs"], "path_procfs": config["procfs"]}
+                if config.get("sysfs")
+                else {}
+            ),
+        )
+    )
+    agent = built.agent
+    agent.render()  # warm up: GPM priming, connection setup, imports
+    agent.render()
+    out = sys.stdout
+    try:
+        for line in sys.stdin:
+            ask = json.loads(line)
+            if ask["do"] == "scrape":
+                c0, w0 = time.process_time(), time.perf_counter()
+                body = agent.render()
+                answer: dict[str, Any] = {
+                    "cpu": time.process_time() - c0,
+                    "wall": time.perf_counter() - w0,
+                    "bytes": len(body),
+                    "series": sum(1 for x in body.decode().splitlines() if x and not x.startswith("#")),
+                }
+            elif ask["do"] == "collectors":
+                answer = _per_collector(agent, ask["rounds"])
+            elif ask["do"] == "generate_latest":
+                registry = _Frozen(list(agent.collect()))
+                times = []
+                for _ in range(ask["rounds"]):
+                    w0 = time.perf_counter()
+                    generate_latest(registry)  # type: ignore[arg-type]
+                    times.append(time.perf_counter() - w0)
+                answer = {"median": statistics.median(times)}
+            elif ask["do"] == "idle":
+                c0, w0 = time.process_time(), time.perf_counter()
+                time.sleep(ask["seconds"])
+                answer = {"idle": (time.process_time() - c0) / (time.perf_counter() - w0)}
+            else:
+                break
+            out.write(json.dumps(answer) + "\n")
+            out.flush()
+    finally:
+        built.close()
+    return 0
+
+
+class _Agent:
+    """An agent process (:func:`_worker`), asked and answered one JSON line at a time."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker", json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def ask(self, **what: Any) -> Any:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(what) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"the agent process exited ({self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):  # end of input: the worker closes its agent
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=8)
@@ -95,7 +185,10 @@ def main() -> int:
     )
     parser.add_argument("--fabric", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out", type=Path, default=None, help="append a markdown result section here")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker is not None:
+        return _worker(args.worker)
 
     with tempfile.TemporaryDirectory() as tmp:
         reg = Path(tmp) / "reg"
@@ -103,64 +196,41 @@ def main() -> int:
         for rank in range(args.trainers):  # ranks of one job, as torchrun would start them
             env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(args.trainers)}
             procs.append(subprocess.Popen([sys.executable, "-c", TRACKER, str(reg)], env=env))
-        running = []
+        agents: dict[str, _Agent] = {}
         try:
             deadline = time.monotonic() + 60
             while len(registration.list_endpoints(reg)) < args.trainers:
                 if time.monotonic() > deadline:
                     raise SystemExit("trackers did not register within 60 s")
                 time.sleep(0.2)
-            configs = {"off": AgentConfig(simulate=args.gpus, registry_dir=reg, kmsg_path="")}
+            specs: dict[str, dict[str, Any]] = {"off": {"gpus": args.gpus, "registry": str(reg)}}
             if args.fabric:
                 from babysitter.node.fabric.fake import FakeSysfs
 
                 fake = FakeSysfs(Path(tmp) / "sys", Path(tmp) / "proc")
                 fake.dgx(args.gpus, memory_controllers=2, packages=2, cores=args.cores)
-                configs["on"] = AgentConfig(
-                    simulate=args.gpus,
-                    registry_dir=reg,
-                    kmsg_path="",
-                    path_sysfs=fake.root,
-                    path_procfs=fake.proc,
-                )
-            agents = {}
-            for name, config in configs.items():
-                built = build(config)
-                running.append(built)
-                agents[name] = built.agent
-            bodies: dict[str, bytes] = {}
-            for agent in agents.values():
-                agent.render()  # warm up: GPM priming, connection setup, imports
-                agent.render()
+                specs["on"] = {**specs["off"], "sysfs": str(fake.root), "procfs": str(fake.proc)}
+            for name, spec in specs.items():
+                agents[name] = _Agent(spec)
             cpu: dict[str, list[float]] = {name: [] for name in agents}
             wall: dict[str, list[float]] = {name: [] for name in agents}
+            last: dict[str, dict[str, Any]] = {}
             for _ in range(args.scrapes):
                 for name, agent in agents.items():  # in turn: both see the same machine load
-                    c0, w0 = time.process_time(), time.perf_counter()
-                    bodies[name] = agent.render()
-                    cpu[name].append(time.process_time() - c0)
-                    wall[name].append(time.perf_counter() - w0)
-            last = list(agents)[-1]
-            per_collector = _per_collector(agents[last], max(10, args.scrapes // 3))
-            families = list(agents[last].collect())
-            registry = _Frozen(families)
-            render = []
-            for _ in range(args.scrapes):
-                w0 = time.perf_counter()
-                generate_latest(registry)  # type: ignore[arg-type]
-                render.append(time.perf_counter() - w0)
-            c0, w0 = time.process_time(), time.perf_counter()
-            time.sleep(args.idle_seconds)
-            idle = (time.process_time() - c0) / (time.perf_counter() - w0)
+                    got = agent.ask(do="scrape")
+                    cpu[name].append(got["cpu"])
+                    wall[name].append(got["wall"])
+                    last[name] = got
+            final = list(agents)[-1]
+            per_collector = agents[final].ask(do="collectors", rounds=max(10, args.scrapes // 3))
+            render = agents[final].ask(do="generate_latest", rounds=args.scrapes)["median"]
+            idle = agents[final].ask(do="idle", seconds=args.idle_seconds)["idle"]
         finally:
-            for built in running:
-                built.close()
+            for agent in agents.values():
+                agent.close()
             for proc in procs:
                 proc.kill()
                 proc.wait()
-
-    def series(body: bytes) -> int:
-        return sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
 
     names = list(agents)
     head = "| measure | " + " | ".join(f"collectors {n}" if args.fabric else "value" for n in names) + " |"
@@ -171,7 +241,7 @@ def main() -> int:
             [f"{sorted(cpu[n])[int(0.9 * len(cpu[n]))] * 1e3:.2f} ms" for n in names],
         ),
         ("scrape wall time (median)", [_median_ms(wall[n]) for n in names]),
-        ("/metrics", [f"{len(bodies[n]) / 1024:.0f} KiB, {series(bodies[n])} series" for n in names]),
+        ("/metrics", [f"{last[n]['bytes'] / 1024:.0f} KiB, {last[n]['series']} series" for n in names]),
     ]
     table = (
         head
@@ -184,7 +254,7 @@ def main() -> int:
         f"| {name} | {seconds * 1e3:.2f} ms |\n" for name, seconds in per_collector.items()
     )
     extra = (
-        f"render only, prometheus_client's generate_latest of the same families: {_median_ms(render)}; "
+        f"render only, prometheus_client's generate_latest of the same families: {render * 1e3:.2f} ms; "
         f"idle CPU (background threads): {idle * 100:.2f} % of one core.\n"
     )
     fabric = (
@@ -199,7 +269,8 @@ def main() -> int:
         f"Machine: {cpu_model()}, {os.cpu_count()} logical CPUs (shared with other jobs), "
         f"Python {platform.python_version()}, {platform.system()} {platform.release()}.\n"
         f"Command: `python benchmarks/bench_node_agent.py --gpus {args.gpus} --trainers {args.trainers} "
-        f"--scrapes {args.scrapes}{'' if args.fabric else ' --no-fabric'}`\n\n"
+        f"--scrapes {args.scrapes}{'' if args.fabric else ' --no-fabric'}` "
+        "(each agent in a process of its own)\n\n"
     )
     text = header + table + "\n" + collectors + "\n" + extra + "\n"
     print(text)

@@ -23,7 +23,7 @@ import socket
 import ssl
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from babysitter.registration import Network, parse_target
 
@@ -54,8 +54,7 @@ class FetchError(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class Fetched:
+class Fetched(NamedTuple):
     """One endpoint's response body, or why there is none; and how long it took."""
 
     body: bytes
@@ -287,7 +286,14 @@ class _Conn:
                 self.sock.close()
 
 
+_PLAIN_OK = (b"HTTP/1.1 200 OK\r\n", b"HTTP/1.0 200 OK\r\n")
+
+
 def _check_head(head: bytes) -> None:
+    if head.startswith(_PLAIN_OK):
+        lower = head.lower()
+        if b"encoding" not in lower:
+            return  # a 200 with no content or transfer encoding: every tracker's answer
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
