@@ -35,7 +35,7 @@ from babysitter.catalog import node as N
 from babysitter.catalog import selfmon as S
 from babysitter.export.server import MetricsServer, Request, Response, tls_context
 from babysitter.export.text import Lines, render_text
-from babysitter.node.collector import Collector
+from babysitter.node.collector import Collector, family_of
 
 __all__ = ["SCRAPE_TIMEOUT_HEADER", "Agent", "Server", "merge_families", "scrape_timeout"]
 
@@ -183,8 +183,8 @@ class Agent:
         _scrape.timeout = None  # one request's header, read once
         with self._scrape_lock:
             families: list[Metric] = []
-            success = N.COLLECTOR_SUCCESS.family()
-            duration = N.COLLECTOR_DURATION.family()
+            success = family_of(N.COLLECTOR_SUCCESS)
+            duration = family_of(N.COLLECTOR_DURATION)
             # One collector after the other: run at once, their threads fight over the GIL and the
             # scrape costs a fifth more CPU (benchmarks/results/node_agent.md) for a shorter wall time.
             for runner in self._runners:

@@ -36,11 +36,12 @@ import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from babysitter import registration
 from babysitter.catalog import node as N
 from babysitter.catalog.budget import BUDGET
+from babysitter.node.collector import family_of
 from babysitter.node.workloads import share
 from babysitter.node.workloads.exposition import parse_text
 from babysitter.node.workloads.fetch import FETCH_ERRORS, Fetched, Fetcher, FetchError
@@ -169,8 +170,8 @@ class TrainersCollector:
                     errors[i] = exc
             kept = self._allot(found, blocks)
             out: list[Metric] = []
-            success = N.TRAINER_SCRAPE_SUCCESS.family()
-            duration = N.TRAINER_SCRAPE_DURATION.family()
+            success = family_of(N.TRAINER_SCRAPE_SUCCESS)
+            duration = family_of(N.TRAINER_SCRAPE_DURATION)
             for i, (reg, result) in enumerate(zip(found, fetched, strict=True)):
                 ep = reg.endpoint
                 error = errors.get(i)
@@ -191,19 +192,17 @@ class TrainersCollector:
         """Nothing to release: each round's connections close with it."""
 
     def _counters(self, live: int) -> list[Metric]:
-        trainers = GaugeMetricFamily(N.TRAINERS.name, N.TRAINERS.help)
-        trainers.add_metric([], float(live))
-        dropped = CounterMetricFamily(
-            N.TRAINER_REGISTRATIONS_DROPPED.base_name, N.TRAINER_REGISTRATIONS_DROPPED.help
-        )
-        dropped.add_metric([], float(self._dropped))
-        errors = N.TRAINER_SCRAPE_ERRORS.family()
+        trainers = family_of(N.TRAINERS)
+        trainers.add_metric([], float(live))  # type: ignore[attr-defined]
+        dropped = family_of(N.TRAINER_REGISTRATIONS_DROPPED)
+        dropped.add_metric([], float(self._dropped))  # type: ignore[attr-defined]
+        errors = family_of(N.TRAINER_SCRAPE_ERRORS)
         for labels, count in sorted(self._errors.items()):
             errors.add_metric(list(labels), float(count))  # type: ignore[attr-defined]
-        skipped = N.TRAINER_REGISTRATIONS_SKIPPED.family()
+        skipped = family_of(N.TRAINER_REGISTRATIONS_SKIPPED)
         for reason, count in sorted(self._scanner.skipped().items()):
             skipped.add_metric([reason], float(count))  # type: ignore[attr-defined]
-        series = N.TRAINER_SERIES_DROPPED.family()
+        series = family_of(N.TRAINER_SERIES_DROPPED)
         for (uid, why), count in sorted(self._series_dropped.items()):
             series.add_metric([uid, why], float(count))  # type: ignore[attr-defined]
         return [trainers, dropped, errors, skipped, series]
