@@ -117,3 +117,29 @@ def test_collectors_hold_descriptors_only_while_they_run() -> None:
         for c in collectors:
             c.close()
         assert _open_fds() == before
+
+
+def test_integers_read_and_count_what_integer_does(tmp_path: Path) -> None:
+    """The batched read gives each file's integer() and counts the same problems, through kept
+    descriptors and not: good values, garbage, N/A (no PMA), a negative, a missing file, one deleted
+    while kept, one turned garbage while kept and good again."""
+    files = {"a": "5\n", "b": "x\n", "c": "N/A (no PMA)\n", "d": "-3\n", "e": "7\n", "f": "9\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    paths = [str(tmp_path / n) for n in ("a", "b", "c", "d", "e", "f", "missing")]
+    one, batched = SysfsReader(tmp_path, "one"), SysfsReader(tmp_path, "batched")
+    steps = [
+        lambda: None,
+        lambda: (tmp_path / "e").unlink(),
+        lambda: (tmp_path / "f").write_text("junk\n"),
+        lambda: (tmp_path / "f").write_text("10\n"),
+        lambda: (tmp_path / "e").write_text("8\n"),
+    ]
+    for step in steps:
+        step()
+        assert batched.integers(paths) == [one.integer(p) for p in paths]
+        assert batched.problems() == one.problems()
+        assert batched.kept_open == one.kept_open
+    assert one.problems() == {"unreadable": 0, "vanished": 2, "garbage": 3, "unavailable": 1}
+    one.close()
+    batched.close()

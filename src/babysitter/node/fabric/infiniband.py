@@ -77,6 +77,8 @@ class _Port:
     packets: list[tuple[str, str]] = field(default_factory=list)
     #: Every counter read at a scrape: (entry, label values, file, scale), made once by _plan.
     reads: list[tuple[MetricSpec, tuple[str, ...], str, int]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # the files of ``reads``, in order
+    keys: list[tuple[str, ...]] = field(default_factory=list)  # their counters' keys (Counters)
 
 
 class InfinibandCollector:
@@ -172,6 +174,8 @@ class InfinibandCollector:
         ]
         if p.carrier:
             p.reads.append((F.IB_PORT_CARRIER_CHANGES, (*port, p.interface), p.carrier, 1))
+        p.paths = [path for _, _, path, _ in p.reads]
+        p.keys = [(*series, spec.name) for spec, series, _, _ in p.reads]
 
     # --- collection -----------------------------------------------------------------------------------
     def collect(self) -> Iterable[Metric]:
@@ -219,8 +223,7 @@ class InfinibandCollector:
                 out.append((F.IB_PORT_RATE, labels, rate))
         out.append((F.IB_PORT_INFO, (*labels, p.link_layer, p.pci_address, p.interface, p.fw_version), 1.0))
 
-        integer, grown = r.integer, c.value
-        for spec, series, path, scale in p.reads:
-            raw = integer(path)
+        grown = c.value
+        for (spec, series, _, scale), key, raw in zip(p.reads, p.keys, r.integers(p.paths), strict=True):
             if raw is not None:  # keyed by the port first: a recreated device resets all of its own
-                out.append((spec, series, float(grown((*series, spec.name), raw * scale))))
+                out.append((spec, series, float(grown(key, raw * scale))))

@@ -78,8 +78,7 @@ class CpuThermalCollector:
             samples: list[Sample] = []
             for package, files in self._cores.items():
                 total, seen = 0, False
-                for path in files:
-                    value = r.integer(path)
+                for path, value in zip(files, r.integers(files), strict=True):
                     if value is not None:
                         total += c.value((package, path), value)
                         seen = True
