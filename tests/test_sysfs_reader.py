@@ -130,7 +130,7 @@ def test_integers_read_and_count_what_integer_does(tmp_path: Path) -> None:
     one, batched = SysfsReader(tmp_path, "one"), SysfsReader(tmp_path, "batched")
     steps = [
         lambda: None,
-        lambda: (tmp_path / "e").unlink(),
+        (tmp_path / "e").unlink,
         lambda: (tmp_path / "f").write_text("junk\n"),
         lambda: (tmp_path / "f").write_text("10\n"),
         lambda: (tmp_path / "e").write_text("8\n"),
