@@ -103,8 +103,9 @@ class InfinibandCollector:
         self.scans = 0
 
     def close(self) -> None:
-        """Close the files kept open."""
-        self._reader.close()
+        """Close the files kept open (after a collection in flight: its reads use them)."""
+        with self._lock:
+            self._reader.close()
 
     # --- discovery ----------------------------------------------------------------------------------
     def _scan(self) -> None:

@@ -102,8 +102,9 @@ class PcieCollector:
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        """Close the files kept open."""
-        self._reader.close()
+        """Close the files kept open (after a collection in flight: its reads use them)."""
+        with self._lock:
+            self._reader.close()
 
     def _prepare(self) -> None:
         r = self._reader

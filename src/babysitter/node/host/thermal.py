@@ -46,8 +46,9 @@ class CpuThermalCollector:
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        """Close the files kept open."""
-        self._reader.close()
+        """Close the files kept open (after a collection in flight: its reads use them)."""
+        with self._lock:
+            self._reader.close()
 
     def _scan(self) -> None:
         r = self._reader
