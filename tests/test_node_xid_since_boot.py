@@ -225,10 +225,15 @@ class TestWithNvml:
         lib.inject_event(0, XID_EVENT, 48)
         wait_for(lambda: counts(c) == {(bus, "48"): 1})
         with caplog.at_level(logging.INFO, logger="babysitter.node.xid.collector"):
-            log_file.write_text(
+            # It appears whole (a rename), as a log that becomes readable does: written in place, the
+            # reader could open it empty, take that as the history and read the lines only at its
+            # next poll, after the assertion below.
+            written = tmp_path / "kern.log.new"
+            written.write_text(
                 xid_record(7, bus, 13)  # logged seconds after boot, long before NVML started: counted
                 + dmesg(bus, 48)  # no timestamp, while NVML ran: NVML's report stands
             )
+            written.replace(log_file)
             wait_for(lambda: c.source_status().get("kmsg") == (True, ""))
             caught_up(c)
         assert counts(c) == {(bus, "48"): 1, (bus, "13"): 1}
