@@ -37,6 +37,7 @@ import re
 import resource
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,17 @@ _MAX_ENTRIES = 4096  # entries listed per directory: a tree larger than that is 
 _MAX_TRACKED = 4096  # (file, reason) problems remembered at once
 _LOGGED_PER_READER = 50  # log lines about problems per collector; the counter keeps counting after that
 _NAME = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
+
+
+def _close_all(fds: dict[str, int]) -> None:
+    """Close the descriptors of one reader and give them back to the budget."""
+    global _kept
+    with _kept_lock:
+        _kept -= len(fds)
+    for fd in fds.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
 
 
 def _descriptor_budget() -> int:
@@ -96,6 +108,8 @@ class SysfsReader:
         self._keep_open = keep_open
         self._fds: dict[str, int] = {}  # path -> a descriptor kept open on it
         self._read: set[str] = set()  # kept paths read since the last release_unread()
+        # A reader dropped without close() (a collector nobody closed) still gives its files back.
+        self._release = weakref.finalize(self, _close_all, self._fds)
 
     # --- paths ------------------------------------------------------------------------------------
     def path(self, relative: str) -> str:
@@ -212,8 +226,8 @@ class SysfsReader:
 
     def close(self) -> None:
         """Close every file kept open."""
-        for path in list(self._fds):
-            self._drop(path)
+        _close_all(self._fds)
+        self._read.clear()
 
     @property
     def kept_open(self) -> int:
