@@ -28,6 +28,9 @@ class Loader:
         self.stalls = stalls
         self.blocked = 0.0
         self.items = 0
+        #: The loop's own time in next() on the tracker's wrapper, summed (set by _train): what the
+        #: tracker times is inside it, and it holds the blocks.
+        self.waited = 0.0
 
     def __iter__(self) -> Iterator[int]:
         i = 0
@@ -41,11 +44,13 @@ class Loader:
             self.items = i
             yield i
 
-    def tolerance(self) -> float:
-        """1 ms, plus 50 us per item for resuming the generator: on a loaded machine (CI runs three
-        test workers on two cores) a resumption can wait for the CPU (0.813 s booked against 0.808 s
-        measured over 100 items seen there)."""
-        return 1e-3 + 50e-6 * self.items
+    def booked_as(self, booked: float) -> None:
+        """``booked`` (the ledger's, in whole microseconds a step) is this loader's waits: at least
+        what it blocked and at most what the loop waited in next(). Between the two is resuming the
+        generator, which on a loaded machine can wait for the CPU for milliseconds (3.2 ms over 40
+        items in one CI run): the bounds hold whatever the scheduler does."""
+        slack = 1e-6 * (self.items + 1)  # the ledger's rounding
+        assert self.blocked - slack <= booked <= self.waited + slack, (self.blocked, booked, self.waited)
 
 
 def _watch(run_dir: Path, tmp_path: Path, flush: float) -> babysitter.Tracker:
@@ -69,7 +74,9 @@ def _train(
     ends = []
     data = tracker.data(loader)
     for _ in range(steps):
+        t0 = time.perf_counter()
         next(data)
+        loader.waited += time.perf_counter() - t0
         time.sleep(step_seconds)
         tracker.step()
         ends.append(time.perf_counter())
@@ -83,10 +90,10 @@ def _check(run_dir: Path, loader: Loader, ends: list[float]) -> dict[str, float]
     assert acc.productive_us + sum(acc.badput_us.values()) == acc.wall_us == acc.horizon_us - acc.start_us
     got = summary.to_json()
     stall = got["badput_seconds"]["data_stall"]  # type: ignore[index]
-    # Every wait the loop made is the measured block plus microseconds of generator overhead.
-    assert stall == pytest.approx(loader.blocked, abs=loader.tolerance())
+    # Every wait the loop made: the measured block plus the generator's own time, no more.
+    loader.booked_as(stall)  # type: ignore[arg-type]
     # Steps 2..n: their wall time minus the stall is productive (step 1 is startup).
-    assert got["productive_seconds"] == pytest.approx(ends[-1] - ends[0] - loader.blocked, abs=5e-3)
+    assert got["productive_seconds"] == pytest.approx(ends[-1] - ends[0] - stall, abs=5e-3)  # type: ignore[operator]
     return {"data_stall": stall, "productive": got["productive_seconds"]}  # type: ignore[dict-item]
 
 
@@ -146,7 +153,7 @@ def test_a_stall_before_the_first_step_is_data_stall_not_startup_nor_later_steps
     summary = summarize(run_dir)
     acc = summary.totals
     assert acc.productive_us + sum(acc.badput_us.values()) == acc.wall_us
-    assert acc.badput_seconds["data_stall"] == pytest.approx(loader.blocked, abs=loader.tolerance())
+    loader.booked_as(acc.badput_seconds["data_stall"])
     # The later steps keep all their time.
     assert acc.productive_seconds == pytest.approx(ends[-1] - ends[0], abs=5e-3)
 
@@ -190,4 +197,5 @@ def test_loader_waits_inside_an_eval_phase_are_eval_not_data_stall(
     assert acc.badput_seconds["eval"] >= evaluation.blocked
     # The training loader never blocks: what is booked is the 40 next() calls' own time (about 1 ms
     # on a loaded machine), not the eval's 4 x 50 ms.
-    assert acc.badput_seconds["data_stall"] <= train.blocked + train.tolerance()
+    train.booked_as(acc.badput_seconds["data_stall"])
+    assert acc.badput_seconds["data_stall"] < 0.1
