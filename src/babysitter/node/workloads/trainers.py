@@ -149,10 +149,8 @@ class TrainersCollector:
         with self._lock:
             found = self._scanner.scan(prune=True)
             self._forget_gone(found)
-            self._templates.keep(
-                (r.endpoint.pid, r.endpoint.start_time, r.endpoint.url, r.endpoint.run, r.endpoint.rank)
-                for r in found
-            )
+            # A template is an endpoint's: the registration (run and rank included) is its key.
+            self._templates.keep(r.endpoint for r in found)
             limits = share.read_limits(
                 [r.owner_uid for r in found], budget=self._read_budget, floor=READ_FLOOR, cap=self._max_bytes
             )
@@ -285,12 +283,10 @@ class TrainersCollector:
     def _serve(self, reg: registration.Registered, blocks: list[share.Block]) -> list[Metric]:
         """The families of an endpoint's kept blocks, each parsed and bound to its registration (or
         from its template: :mod:`~babysitter.node.workloads.templates`); any FetchError fails them all."""
-        ep = reg.endpoint
-        owner = (ep.pid, ep.start_time, ep.url, ep.run, ep.rank)
         served: list[Metric] = []
         for block in blocks:
             served.extend(
-                self._templates.serve(owner, block.text, lambda text: self._bound(_parse(text), reg))
+                self._templates.serve(reg.endpoint, block.text, lambda text: self._bound(_parse(text), reg))
             )
         return served
 
