@@ -70,9 +70,13 @@ generate-check: env
 # loadscope sends each module (each class) to one worker, so a module's shared fixture runs once:
 # with worksteal, the VictoriaMetrics run (95 s: two Prometheus servers, VictoriaMetrics, vmalert, two
 # trainers) was set up on all three workers at once, in one CI run.
+# --no-loadscope-reorder keeps tests/conftest.py's order (the slowest modules first): xdist's default
+# sorts modules by their number of tests, which started the one-test modules that take minutes (the
+# Slurm loop, the campaign, the install) last, so the run ended with two workers idle for minutes.
+# A process the tests started that outlives them fails the run, named (tests/leftover_check.py).
 PYTEST_WORKERS ?= 3
 pytest: env system-packages
-	$(BIN)/pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadscope
+	$(BIN)/pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test: lint typecheck generate-check pytest
 

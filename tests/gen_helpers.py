@@ -172,9 +172,11 @@ def known_series_names() -> set[str]:
             names.update(f"{spec.name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
         if spec.kind == "summary":
             names.update(f"{spec.name}{suffix}" for suffix in ("_sum", "_count"))
+    from babysitter.generate.alerts.monitoring import FOREIGN_SERIES
     from babysitter.generate.config import GenerateConfig
 
     names.update(record for record, _ in recording_rules(GenerateConfig()))
+    names.update(FOREIGN_SERIES)  # the rule engines' and Alertmanager's own, which the runbooks query
     return names
 
 
@@ -235,6 +237,8 @@ if replica_every:
     dist.init_process_group("gloo", init_method="file://" + os.environ["LIVE_STORE"], rank=rank,
                             world_size=int(os.environ["WORLD_SIZE"]))
 nan_at = int(os.environ.get("LIVE_NAN_AT", "0"))  # rank 1's loss is NaN at this step (0: never)
+# LIVE_SLOW "A:B": rank 0's steps A..B-1 take 0.15 s longer (a fail-slow stretch for the slowdown panels).
+slow_from, slow_to = (int(x) for x in os.environ.get("LIVE_SLOW", "0:0").split(":"))
 t = babysitter.watch(model, run="live", tokens_per_step=batch * seq, samples_per_step=batch,
                      flops_per_token=palm_flops_per_token(model, seq), peak_flops=2e10, port=0,
                      registry_dir=reg, run_dir=run_dir, labels={"cluster": sys.argv[6]},
@@ -258,7 +262,7 @@ for x, y in t.data(batches(cfg, batch, seq, seed=rank)):
             with open(path, "wb") as f:
                 f.write(bytes(4096))
             time.sleep(0.05)
-    time.sleep(step_sleep)
+    time.sleep(step_sleep + (0.15 if rank == 0 and slow_from <= t.steps < slow_to else 0.0))
 """
 
 

@@ -19,9 +19,18 @@ from typing import Any
 
 import pytest
 
-from babysitter.remediate.backends.base import Outcome, Step
+from babysitter.remediate.backends.base import BackendError, Outcome, Step
+from proc_helpers import Proc, find, kill_and_wait
 
-__all__ = ["RecordingBackend", "SlurmCluster", "alert", "payload", "require_slurm", "rfc3339"]
+__all__ = [
+    "FakeJobMap",
+    "RecordingBackend",
+    "SlurmCluster",
+    "alert",
+    "payload",
+    "require_slurm",
+    "rfc3339",
+]
 
 
 def rfc3339(t: float) -> str:
@@ -99,6 +108,9 @@ class RecordingBackend:
     def namespace_of(self, job: str) -> str | None:
         return None
 
+    def nodes_of(self, jobs: Sequence[str]) -> list[str] | None:
+        return sorted(host for host, running in self.jobs.items() if set(running) & set(jobs))
+
     def _do(self, what: str, target: str, dry_run: bool) -> Outcome:
         self.calls.append((what, target, dry_run))
         ok = what not in self.fail
@@ -128,6 +140,38 @@ class RecordingBackend:
 
     def annotate_job(self, job: str, text: str, *, dry_run: bool, alert: Any = None) -> Outcome:
         return self._do("annotate", job, dry_run)
+
+
+class FakeJobMap:
+    """What a job map in Prometheus would answer: each run's hosts (agent instances) and jobs."""
+
+    def __init__(
+        self,
+        instances: Mapping[str, Sequence[str]] | None = None,
+        jobs: Mapping[str, Sequence[str]] | None = None,
+        *,
+        error: str | None = None,
+    ) -> None:
+        self.instances = {run: list(i) for run, i in (instances or {}).items()}
+        self.jobs = {run: list(j) for run, j in (jobs or {}).items()}
+        self.error = error
+        self.asked: list[tuple[str, str, tuple[str, str] | None]] = []
+
+    def jobs_on(self, instance: str, labels: Mapping[str, str] | None = None) -> list[str]:
+        return []
+
+    def runs_on(self, instance: str) -> list[str]:
+        return []
+
+    def instances_of(self, run: str, cluster: tuple[str, str] | None = None) -> list[str]:
+        self.asked.append(("instances_of", run, cluster))
+        if self.error:
+            raise BackendError(self.error)
+        return list(self.instances.get(run, []))
+
+    def jobs_of(self, run: str, cluster: tuple[str, str] | None = None) -> list[str]:
+        self.asked.append(("jobs_of", run, cluster))
+        return list(self.jobs.get(run, []))
 
 
 # ------------------------------------------------------------------------------------------ Slurm
@@ -303,7 +347,19 @@ class SlurmCluster:
         path = self.workdir / "log/slurmctld.log"
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
+    def _leftovers(self, name: str | None = None) -> list[Proc]:
+        """This cluster's processes (daemons, job steps, jobs: all inherit its SLURM_CONF)."""
+        procs = find({"SLURM_CONF": str(self.conf)})
+        return [p for p in procs if name is None or p.name == name]
+
     def __exit__(self, *exc: object) -> None:
+        """Cancel every job and wait for its steps to end while the daemons can still hear of it,
+        stop the daemons, then SIGKILL whatever of the cluster is left and wait until it is gone.
+
+        A slurmstepd whose job ended after slurmd, slurmctld and munged stopped retries its
+        job-complete message forever, ignoring SIGTERM, its parent gone: it outlived the suite by
+        13 minutes (issue 32) when the daemons were stopped right after an asynchronous scancel.
+        """
         if self.conf.exists():
             subprocess.run(
                 ["scancel", "--full", "-u", "root"],
@@ -312,6 +368,9 @@ class SlurmCluster:
                 timeout=30,
                 check=False,
             )
+            deadline = time.monotonic() + 20
+            while self._leftovers("slurmstepd") and time.monotonic() < deadline:
+                time.sleep(0.2)
         w = self.workdir
         pidfiles = [*(w / f"slurmd-{n}.pid" for n in self.nodes), w / "slurmctld.pid", w / "munge/munged.pid"]
         pids = []
@@ -336,6 +395,8 @@ class SlurmCluster:
             else:
                 with _suppress():
                     os.kill(pid, signal.SIGKILL)
+        left = kill_and_wait(self._leftovers(), {"SLURM_CONF": str(self.conf)})
+        assert not left, f"Slurm processes survived SIGKILL: {[str(p) for p in left]}"
 
 
 class _suppress:

@@ -4,6 +4,7 @@ its inputs read from real ledgers, the rank-0 gauges, and a Monte-Carlo through 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -383,6 +384,11 @@ def test_report_prints_the_advice_its_inputs_and_their_sufficiency(
     assert main(["report", str(tmp_path)]) == 0
     out = " ".join(capsys.readouterr().out.split())  # rich wraps the line
     assert "checkpoint advice: save every" in out and "now every 2m30s" in out
+    # Issue 32: the expected goodputs say whose they are (the demo printed them two lines above the
+    # measured goodput, which is lower by every other badput).
+    assert re.search(
+        r"by Daly's model \(saves, restarts and lost work only\) expected goodput [\d.]+% vs", out
+    )
     assert "save 10.0s (mean of 28)" in out and "(6 measured)" in out and "INSUFFICIENT" not in out
     assert "rate from the run's 6 interruptions" in out
     assert main(["report", str(tmp_path), "--json"]) == 0

@@ -26,8 +26,11 @@ DOC = ROOT / "docs" / "architecture.md"
 #: ``generate``'s writer and two-tier configurations sit above its definitions: what the central tier
 #: keeps depends on what the scorecard and ``babysitter top`` read.
 LAYERS: dict[str, tuple[str, ...]] = {
+    # Leaf utilities for reading what users wrote: they import nothing of babysitter.
+    "base": ("babysitter.jsonin", "babysitter.userfiles"),
     "catalog": ("babysitter.catalog",),
     "core": (
+        "babysitter._install",
         "babysitter._version",
         "babysitter.checkpoints",
         "babysitter.export",
@@ -38,13 +41,16 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "babysitter.ledger",
         "babysitter.prom",
         "babysitter.registration",
+        "babysitter.terminal",
     ),
     "monitoring as code": ("babysitter.generate",),
     "features": (
         "babysitter",
+        "babysitter.campaign",
         "babysitter.demo",
         "babysitter.explain",
         "babysitter.generate.distributed",
+        "babysitter.incident",
         "babysitter.generate.writer",
         "babysitter.integrations",
         "babysitter.node",
@@ -88,6 +94,16 @@ SIDEWAYS: frozenset[tuple[str, str]] = frozenset(
         ("babysitter.demo", "babysitter.views"),
         # The demo explains its throttle fault on screen.
         ("babysitter.demo", "babysitter.explain"),
+        # The incident gatherer asks the ranks what the training side answers (its request protocol).
+        ("babysitter.incident", "babysitter.training"),
+        # The remediator gathers the incident's bundle before it acts.
+        ("babysitter.remediate", "babysitter.incident"),
+        # The fault campaign runs the demo's stack and pager on simulated hosts, ranks that train like a
+        # user's (``babysitter.watch``), and the rules ``babysitter generate`` writes.
+        ("babysitter.campaign", "babysitter"),
+        ("babysitter.campaign", "babysitter.demo"),
+        ("babysitter.campaign", "babysitter.node"),
+        ("babysitter.campaign", "babysitter.generate"),
     }
 )
 

@@ -82,11 +82,9 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(name="run")
 def _run(pristine: Path, tmp_path: Path) -> Path:
-    """A copy of the pristine run directory (its ledger's absolute paths moved with it)."""
+    """A copy of the pristine run directory (its ledger's paths are relative: the copy checks its own)."""
     run = tmp_path / "run"
     shutil.copytree(pristine, run, symlinks=True)
-    ledger = run / DEFAULT_FILE_NAME
-    ledger.write_bytes(ledger.read_bytes().replace(str(pristine).encode(), str(run).encode()))
     (run / f"{DEFAULT_FILE_NAME}.lock").unlink(missing_ok=True)
     return run
 
@@ -358,7 +356,8 @@ def test_sampled_digests_stay_within_the_budget_and_find_a_flip(tmp_path: Path, 
     data = bytearray(ckpt.read_bytes())
     data[chunk * (64 << 10) + 100] ^= 0x01
     ckpt.write_bytes(bytes(data))
-    c.verifications.reverify_seconds = 0.0
+    c.close()  # a sentinel whose sweeps are due at once starts a new sweep, in the same order
+    c = sentinel(run, verify_bytes=128 << 10, reverify_seconds=0.0, walk_seconds=0.0)
     passes = 0
     while passes < 8:
         passes += 1
@@ -402,6 +401,8 @@ def test_ledger_saves_and_manifest_records() -> None:
         ({"files": [{"path": "a", "size": -1, "chunks": []}], "alg": None}, "size"),
         ({"alg": "md5"}, "unknown digest"),
         ({"v": 9}, "version"),
+        ({"chunk": 1}, "'chunk' must be an integer in \\[65536, 16777216\\]"),
+        ({"chunk": 32 << 20}, "'chunk' must be an integer in \\[65536, 16777216\\]"),
     ],
 )
 def test_a_manifest_from_shared_storage_is_read_strictly(change: dict[str, object], match: str) -> None:
@@ -410,7 +411,7 @@ def test_a_manifest_from_shared_storage_is_read_strictly(change: dict[str, objec
         "v": 1,
         "step": 1,
         "alg": "sha256",
-        "chunk": 16,
+        "chunk": 1 << 20,
         "files": [],
     }
     with pytest.raises(ManifestError, match=match):

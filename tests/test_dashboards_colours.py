@@ -91,6 +91,8 @@ def test_scorecard_table_has_a_unit_per_column() -> None:
         "interruptions / 1000 rank-h": "short",
         "ckpt save B/s per rank": "Bps",
         "storage probe p99": "s",
+        "GPU time lost to slow steps": "percentunit",
+        "GPU time lost to failures": "percentunit",
     }
     assert set(units) == set(renames.values()) - {"cluster"}
 

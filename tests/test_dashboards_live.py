@@ -107,7 +107,9 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         extra_storage=[tmp_path / "not-mounted"],
         # The replica check runs (the two trainers are not replicas: both are named) and rank 1's loss
         # is NaN once, so the silent-corruption panels have something to show.
-        trainer_env={"LIVE_REPLICA_EVERY": "10", "LIVE_NAN_AT": "30"},
+        # Rank 0 slows down from step 60 to 100 (after its ideal step time is learned): the slowdown
+        # panels have slow steps to show.
+        trainer_env={"LIVE_REPLICA_EVERY": "10", "LIVE_NAN_AT": "30", "LIVE_SLOW": "60:100"},
         sysfs=fabric.fs.root,
         procfs=fabric.fs.proc,
     ) as stack:

@@ -42,7 +42,7 @@ def _alert(name: str, severity: str, component: str, **labels: str) -> dict[str,
 
 def _config(pager: PagerServer) -> dict[str, object]:
     path = shipped_routing()
-    assert path is not None, "the repository's exporters/alertmanager.yml"
+    assert path is not None, "the package's data/alertmanager.yml (exporters/alertmanager.yml links to it)"
     return demo_alertmanager_config(load_routing(path), pager.url_for, pager.url_for(REMEDIATE_RECEIVER))
 
 
@@ -56,10 +56,11 @@ def test_shipped_routing_with_the_demos_receivers(tmp_path: Path) -> None:
     assert isinstance(route, dict)
     assert (route["group_wait"], route["group_interval"]) == ("1s", "2s")
     assert route["routes"][0]["receiver"] == REMEDIATE_RECEIVER
-    assert [r["receiver"] for r in route["routes"][1:]] == ["pager", "chat", "chat"], "shipped order kept"
+    shipped = ["deadmansswitch", "pager", "chat", "chat"]
+    assert [r["receiver"] for r in route["routes"][1:]] == shipped, "shipped order kept"
     assert config["inhibit_rules"] == load_routing(shipped_routing() or Path()).get("inhibit_rules")
     urls = {r["name"]: r["webhook_configs"][0]["url"] for r in config["receivers"]}  # type: ignore[attr-defined]
-    assert set(urls) == {"pager", "pager-training", "chat", REMEDIATE_RECEIVER}
+    assert set(urls) == {"deadmansswitch", "pager", "pager-training", "chat", REMEDIATE_RECEIVER}
     assert all(url.startswith(f"http://127.0.0.1:{pager.port}/") for url in urls.values())
     if Path(AMTOOL).exists():
         out = subprocess.run(
@@ -107,9 +108,11 @@ def test_real_alertmanager_routes_by_severity_and_inhibits(tmp_path: Path) -> No
             _alert("TrainingStalled", "critical", "training", run="demo"),
             # The same page for a run whose likely cause is the training team's: their pager.
             _alert("TrainingStalled", "critical", "training", run="demo2", team="training"),
-            # Warnings: the overdue checkpoint is explained by the stall (inhibited), the low goodput is not.
+            # Warnings: the overdue checkpoint and the low goodput are explained by the stall (inhibited);
+            # another run's low goodput is not.
             _alert("CheckpointOverdue", "warning", "checkpoint", run="demo"),
             _alert("TrainingGoodputLow", "warning", "training", run="demo"),
+            _alert("TrainingGoodputLow", "warning", "training", run="demo3"),
             _alert("GpuXidCritical", "critical", "gpu", instance="n1:9400", gpu="3", xid="79"),
         ]
         request = urllib.request.Request(

@@ -34,7 +34,7 @@ def test_default_scenario_tells_the_whole_story() -> None:
     assert {e.event: e.expect for e in s.events if e.expect} == {
         "throttle": ("GpuThrottled",),
         "slow_checkpoint": ("CheckpointSaveSlow",),
-        "xid79": ("GpuXidCritical", "GpuDown"),
+        "xid79": ("GpuXidCritical",),  # its GpuDown is inhibited: one page per GPU fault
         "kill": ("TrainingProcessExited",),
         "hang": ("TrainingStalled",),
     }
@@ -196,7 +196,7 @@ def test_pages_match_faults_after_them_on_the_same_gpu() -> None:
         {
             "duration": 100,
             "events": [
-                {"at": 10, "event": "xid79", "gpu": 3},
+                {"at": 10, "event": "xid79", "gpu": 3, "expect": ["GpuXidCritical", "GpuDown"]},
                 {"at": 50, "event": "kill"},
             ],
         }

@@ -72,11 +72,14 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert "A100 SXM bf16 312 TFLOP/s" in out
 
 
-def test_without_seq_len_prints_parameters_only(capsys: pytest.CaptureFixture[str]) -> None:
-    """No --seq-len: parameters and a note, no invented attention term."""
-    r = run_json(capsys, str(CONFIGS / "gpt2.json"))
-    assert "flops_per_token" not in r
-    assert "--seq-len" in str(r["note"])
+def test_without_seq_len_says_which_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: no --seq-len exited 0 without FLOPs. Now an error that names the flag, with an
+    example using the config's own context length, and no Python argument (peak_flops=)."""
+    assert main(["flops", str(CONFIGS / "gpt2.json")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "--seq-len" in err and "--seq-len 1024 (its n_positions is 1024)" in err, err
+    assert "seq_len=" not in err and "peak_flops=" not in err, "no Python keyword argument suggested"
 
 
 @pytest.mark.parametrize(

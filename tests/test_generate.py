@@ -43,6 +43,7 @@ class TestRender:
             "recording-rules",
             "recording-rules-windows",
             "recording-rules-fabric",
+            "recording-rules-slowdown",
         }
 
     def test_every_recording_rule_has_a_hand_computed_case(self) -> None:
@@ -52,7 +53,7 @@ class TestRender:
         records = {rule["record"] for group in rules["groups"] for rule in group["rules"]}
         tested = {
             case["expr"]
-            for name in ("recording-rules", "recording-rules-fabric")
+            for name in ("recording-rules", "recording-rules-fabric", "recording-rules-slowdown")
             for t in yaml.safe_load(files[f"alerts/tests/{name}.yaml"])["tests"]
             for case in t["promql_expr_test"]
         }
@@ -69,6 +70,14 @@ class TestRender:
         rules = yaml.safe_load(files["alerts/babysitter-alerts.yaml"])
         stalled = next(r for g in rules["groups"] for r in g["rules"] if r["alert"] == "TrainingStalled")
         assert "for" not in stalled  # fast: fire on the first evaluation past the threshold
+
+    @pytest.mark.parametrize("name", ["default", "fast"])
+    def test_the_monitoring_alerts_wait_longer_than_their_window(self, name: str) -> None:
+        """A one-off burst of failures (a restarted Prometheus drops its first alerts) stays in the
+        window for the window's length: ``for:`` must outlast it, or the burst pages (the fast profile's
+        10 s paged AlertDeliveryFailing after every Prometheus restart of the campaign)."""
+        cfg = profile(name)
+        assert parse_duration(cfg.monitoring_for) > parse_duration(cfg.monitoring_window)
 
     def test_cluster_label_is_configurable(self) -> None:
         """A different cluster label reaches every aggregation and no 'cluster' grouping is left behind."""

@@ -2,7 +2,9 @@
 
 The fuzz test mutates real ledgers (one written by the previous format's writer, one by today's) 3,000
 times with a fixed seed and runs everything that reads a ledger on each: the report's summary and JSON,
-its plot data, the node agent's checkpoint list and the live writer's accounting. Set
+its plot data, the saves, the node agent's run name and checkpoint list, and the live writer's
+accounting. Mutations include lines nested 100,000 deep, alone or as a value of a start or save line
+(issue 31: a RecursionError in the sentinel's pass). Set
 ``BABYSITTER_FUZZ_SEED`` to explore other mutations.
 """
 
@@ -20,9 +22,10 @@ import babysitter
 from babysitter.catalog import goodput as G
 from babysitter.ledger import LedgerWriter, completed_checkpoints, read_ledger, summarize
 from babysitter.ledger.accounting import Accountant
-from babysitter.ledger.reader import read_timeline
+from babysitter.ledger.reader import read_saves, read_timeline
 from babysitter.ledger.records import Progress
 from babysitter.ledger.spans import badput_spans, step_points
+from babysitter.node.storage.sentinel import LedgerTail, run_name
 from test_ledger_helpers import T0, Book, ramp
 
 DATA = Path(__file__).with_name("data") / "ledger"
@@ -141,7 +144,11 @@ def _mutate(rng: random.Random, data: bytes) -> bytes:
             j = rng.randrange(len(lines))
             lines[i], lines[j] = lines[j], lines[i]
         else:
-            lines[i] = rng.choice([b"[" * 100_000, b"{}", b"null", b"\x00" * 10, b"\xff\xfe", lines[i][:-3]])
+            deep = b"[" * 100_000 + b"]" * 100_000
+            nested = lines[i][:-1] + b',"z":' + deep + b"}"  # a deep value in a start or save line
+            lines[i] = rng.choice(
+                [b"[" * 100_000, deep, nested, b"{}", b"null", b"\x00" * 10, b"\xff\xfe", lines[i][:-3]]
+            )
     return b"\n".join(lines) + b"\n"
 
 
@@ -156,6 +163,9 @@ def _read_everything(run_dir: Path) -> None:
         step_points(inc)
     badput_spans(summary.accountant, now=T0 + 10_000.0)
     completed_checkpoints(run_dir)
+    read_saves(run_dir).saves(now=T0 + 10_000.0, abort_after=60.0)
+    run_name(run_dir)  # the node agent's sentinel: the run's name, then its saves
+    LedgerTail(run_dir / LEDGER).saves(now=T0 + 10_000.0, abort_after=60.0)
     timeline, _ = read_timeline(run_dir / LEDGER, keep_points=False)
     live = Accountant(timeline, settle_seconds=1.0)
     live.totals(now=T0 + 10_000.0, live=True, tail="exclude", hold=True)

@@ -79,15 +79,28 @@ class Book:
         self._tag = fence_tag(f"i{n}")
         return self
 
-    def steps(self, first: int, ends: list[float], *, data_wait: float = 0.0) -> Book:
+    def steps(
+        self,
+        first: int,
+        ends: list[float],
+        *,
+        data_wait: float = 0.0,
+        waits: list[float] | None = None,
+        tokens: list[int] | None = None,
+    ) -> Book:
+        """Boundaries; ``data_wait`` is one total for the line (as version 1 wrote it), ``waits`` one
+        wait per boundary (version 2), ``tokens`` each boundary's step's tokens."""
+        per = None if waits is None else tuple(round(w * US) for w in waits)
         self._add(
             Progress(
                 t=s(ends[-1]),
                 steps=tuple(range(first, first + len(ends))),
                 ends=tuple(s(e) for e in ends),
-                data_wait=round(data_wait * US),
+                data_wait=round(data_wait * US) if per is None else sum(per),
                 model_flops=1e15,
                 peak_flops=1e15,
+                waits=per,
+                work=None if tokens is None else tuple(tokens),
             )
         )
         return self

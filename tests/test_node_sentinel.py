@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from babysitter.catalog import storage as S
 from babysitter.ledger import DEFAULT_FILE_NAME, CheckpointRecord, completed_checkpoints
 from babysitter.ledger.records import CheckpointEnd, Start, encode, to_us
 from babysitter.ledger.writer import LedgerWriter
+from babysitter.node.storage.runcheck import OutOfTime
 from babysitter.node.storage.sentinel import CheckpointSentinelCollector, LedgerTail, directory_size
 from node_helpers import Scrape, scrape
 
@@ -193,6 +193,15 @@ class TestDirectories:
         shutil.rmtree(ckpt)
         assert missing(scrape(c)) == (1, 1000)
 
+    def test_a_walk_stops_at_its_deadline_and_empty_directories_count(self, tmp_path: Path) -> None:
+        tree = tmp_path / "tree"
+        for k in range(10):
+            (tree / f"d{k}" / "e").mkdir(parents=True)
+        with pytest.raises(OutOfTime):
+            directory_size(tree, deadline=0.0)
+        assert directory_size(tree) == 0
+        assert directory_size(tree, limit=15) is None  # 20 directories and not a file among them
+
     def test_directory_walks_are_cached_but_a_deleted_directory_is_seen_at_once(
         self, run_dir: Path, make
     ) -> None:
@@ -204,7 +213,7 @@ class TestDirectories:
         c = make([run_dir], walk_seconds=3600.0)
         for _ in range(3):
             assert missing(scrape(c)) == (0, None)
-        assert c.sizes.walks == 1
+        assert c.walks == 1  # the run's worker walked it once (its size cache lives there)
         (ckpt / "shards" / "rank3.distcp").unlink()  # deep inside: seen at the next walk, not now
         assert missing(scrape(c)) == (0, None)
         shutil.rmtree(ckpt)  # the whole checkpoint: seen at once
@@ -241,6 +250,21 @@ class TestLedgerTail:
         # rewritten in place and grown past where we were: the bytes before our offset differ
         write_ledger(run_dir, "r2", [(s, T0 + s, s, f"p{s}") for s in (8, 9, 10, 11)])
         assert [r.step for r in tail.read()] == [8, 9, 10, 11]
+        assert tail.read() == completed_checkpoints(run_dir)
+
+    def test_a_ledger_larger_than_a_passs_time_is_read_across_passes(self, run_dir: Path) -> None:
+        """Past its deadline the tail stops after a chunk and the next call goes on from there: a huge
+        ledger is caught up with over several passes instead of being read from zero by every worker the
+        time budget kills."""
+        write_ledger(run_dir, "r", [(1, T0 + 1, 10, "a")])
+        filler = b'{"v":1,"k":"step","t":1,"pad":"' + b"x" * 1000 + b'"}\n'
+        with (run_dir / DEFAULT_FILE_NAME).open("ab") as fh:
+            fh.write(filler * (17 << 10))  # more than one 16 MiB chunk
+            fh.write(encode(CheckpointEnd(t=to_us(T0 + 2), op="save", step=2, ok=True, nbytes=20, path="b")))
+        tail = LedgerTail(run_dir / DEFAULT_FILE_NAME)
+        with pytest.raises(OutOfTime):
+            tail.saves(deadline=0.0)
+        assert [r.step for r in tail.read()] == [1, 2]
         assert tail.read() == completed_checkpoints(run_dir)
 
 
@@ -284,29 +308,38 @@ class TestLedgers:
         assert missing(s, "writer-run") == (1, 10)
 
 
-def test_hung_storage_does_not_hang_the_scrape(run_dir: Path, make) -> None:
-    """A hung mount cannot be made here; a ledger reader that blocks stands in for one."""
-    release = threading.Event()
-    calls = []
+def test_hung_storage_does_not_hang_the_scrape(run_dir: Path, make, tmp_path: Path) -> None:
+    """A hung mount cannot be made here; a ledger reader that blocks stands in for one. It runs in the
+    run's worker process, so it counts its calls in a file and blocks while another file exists."""
+    calls, hang = tmp_path / "calls", tmp_path / "hang"
 
     def read(path: Path) -> list[CheckpointRecord]:
-        calls.append(path)
-        if len(calls) > 1:
-            release.wait(30)
+        with calls.open("a") as fh:
+            fh.write(f"{path}\n")
+        deadline = time.monotonic() + 30
+        while hang.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         return [CheckpointRecord(step=1, path=None, nbytes=None, time=T0)]
 
-    c = make([run_dir], read_ledger=read, wait_seconds=0.2)
-    assert scrape(c).value(LEDGER_UP, run="llama-7b-try3") == 1
+    c = make([run_dir], read_ledger=read, run_timeout=20.0)
+    assert scrape(c).value(LEDGER_UP, run="llama-7b-try3") == 1  # the first pass, waited for
+    # From now on a scrape waits 0.2 s for a pass (set after the first: forking the worker and its
+    # first pass took longer than that on a loaded CI machine, and that scrape had nothing to serve).
+    c._wait = 0.2
+    hang.touch()
     started = time.monotonic()
     s = scrape(c)  # the second check hangs: served from the first
     assert time.monotonic() - started < 5
     assert s.value(LEDGER_UP, run="llama-7b-try3") == 1
-    scrape(c)  # still hung: no second worker piles up
-    assert len(calls) == 2
-    release.set()
+    scrape(c)  # still hung: no second pass piles up
+    assert calls.read_text().splitlines() == [str(run_dir)] * 2
+    hang.unlink()
 
 
-@pytest.mark.parametrize("kwargs", [{"keep_last": 0}, {"refresh_seconds": -1.0}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"keep_last": 0}, {"refresh_seconds": -1.0}, {"run_timeout": 0.0}, {"run_memory": 1 << 20}],
+)
 def test_bad_configuration_fails_at_setup(tmp_path: Path, kwargs: dict) -> None:
     with pytest.raises(ValueError):
         CheckpointSentinelCollector([tmp_path], **kwargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,14 @@ import pytest
 from babysitter.catalog import node as N
 from babysitter.node.gpu import fake as F
 from babysitter.node.gpu.collector import GpuCollector
-from babysitter.node.gpu.simulate import GPU_MODELS, Simulator, load_scenario, parse_scenario, resolve_model
+from babysitter.node.gpu.simulate import (
+    GPU_MODELS,
+    Simulator,
+    load_scenario,
+    parse_scenario,
+    resolve_model,
+    scenario_epoch,
+)
 from node_helpers import scrape
 
 
@@ -191,3 +199,68 @@ def test_builtin_demo_scenario_fits_any_gpu_count() -> None:
         events = load_scenario(Path("demo"), count)
         assert {e.event for e in events} >= {"throttle", "xid48", "xid79"}
         assert all(0 <= e.gpu < count for e in events)
+
+
+class TestSimulatedCluster:
+    def test_each_simulated_host_has_its_own_gpu_uuids(self) -> None:
+        """UUIDs are globally unique (the rank-to-GPU joins key on them): host N's differ from every other
+        host's, stay the same from one start to the next, and host 0's are the ones tests always saw."""
+        uuids = {host: [g.uuid for g in Simulator(2, host=host).nvml.gpus] for host in (0, 1, 2)}
+        assert (
+            uuids[0]
+            == [g.uuid for g in F.fake_gpus(2)]
+            == [
+                "GPU-00000000-fa4e-4bab-8e5d-000000000000",
+                "GPU-00000001-fa4e-4bab-8e5d-000000000001",
+            ]
+        )
+        assert len({u for found in uuids.values() for u in found}) == 6
+        assert uuids[2] == [g.uuid for g in Simulator(2, host=2).nvml.gpus]
+        with pytest.raises(ValueError, match=r"0\.\.65535"):
+            F.fake_gpus(1, host=1 << 16)
+
+    def test_an_anchored_scenario_restarts_where_the_gpus_are(self, tmp_path: Path) -> None:
+        """With an epoch, ``at`` counts from that Unix time: an agent started 10 s into the scenario has
+        the GPU that fell off the bus at 5 s lost already, without a second Xid line in the kernel log
+        (an agent restarted mid-scenario must not page the old Xid again), and plays later events on time."""
+        log = tmp_path / "kern.log"
+        log.write_text(
+            "NVRM: Xid (PCI:0000:28:00): 79, pid=4242, name=python3, GPU has fallen off the bus.\n"
+        )
+        events = [
+            {"at": 5, "gpu": 1, "event": "xid79"},
+            {"at": 20, "gpu": 0, "event": "throttle", "reasons": ["hw_slowdown"]},
+        ]
+        s, clock, gpu = sim(events=events, kernel_log=log, epoch=time.time() - 10)
+        assert [e.event for e in s.applied] == ["xid79"]
+        assert scrape(gpu).value(N.GPU_UP.name, gpu="1") == 0
+        assert log.read_text().count("Xid") == 1
+        clock.now += 9
+        s.step()
+        assert [e.event for e in s.applied] == ["xid79"]  # 19 s: not yet
+        clock.now += 2
+        s.step()
+        assert [e.event for e in s.applied] == ["xid79", "throttle"]
+
+    def test_an_anchored_scenario_waits_for_its_epoch(self, tmp_path: Path) -> None:
+        """An agent started 4 s before the epoch plays an event ``at`` 5 s at 9 s of its own clock, not
+        at 5 s (the campaign's Xid 79 was paged before the time it was scheduled for)."""
+        events = [{"at": 5, "gpu": 1, "event": "xid79"}]
+        s, clock, gpu = sim(events=events, epoch=time.time() + 4)
+        clock.now += 8
+        s.step()
+        assert s.applied == []  # 8 s after the start is 4 s after the epoch: not yet
+        assert scrape(gpu).value(N.GPU_UP.name, gpu="1") == 1
+        clock.now += 1.5
+        s.step()
+        assert [(e.event, e.gpu) for e in s.applied] == [("xid79", 1)]
+
+    def test_scenario_epoch(self, tmp_path: Path) -> None:
+        path = tmp_path / "s.json"
+        path.write_text(json.dumps({"epoch": 1700000000.5, "events": []}))
+        assert scenario_epoch(path) == 1700000000.5
+        path.write_text(json.dumps([{"at": 1, "event": "lost"}]))
+        assert scenario_epoch(path) is None
+        path.write_text(json.dumps({"epoch": "yesterday", "events": []}))
+        with pytest.raises(ValueError, match="Unix time"):
+            scenario_epoch(path)

@@ -145,9 +145,9 @@ def test_what_the_template_cannot_stand_for_goes_the_full_way_every_time(
 
 def test_a_changed_skeleton_is_parsed_again_and_owners_gone_are_forgotten(tmp_path: Path) -> None:
     """New labels or a new help text make a new skeleton; keep() drops the templates of
-    registrations gone; past its bound the cache starts over; all the while the output is right."""
+    registrations gone; past its bound the least recently used go; all the while the output is right."""
     full, calls = _full(tmp_path)
-    templates = Templates(max_bytes=200)
+    templates = Templates(max_bytes=4000)
     texts = [
         '# HELP a one\n# TYPE a gauge\na{x="1"} 1\n',
         '# HELP a one\n# TYPE a gauge\na{x="1"} 2\n',  # a value: from the template
@@ -169,10 +169,10 @@ def test_a_changed_skeleton_is_parsed_again_and_owners_gone_are_forgotten(tmp_pa
     before = len(calls)
     templates.serve(OWNER, texts[4].encode(), full)
     assert len(calls) == before + 1, "the gone owner's template was kept"
-    for i in range(20):  # over 200 bytes of skeletons: cleared and built again, never wrong
+    for i in range(20):  # over 4000 bytes of templates: the oldest evicted, never wrong
         text = f'# TYPE a gauge\na{{x="{i}"}} {i}\n'.encode()
         assert [s.value for f in templates.serve(OWNER, text, full) for s in f.samples] == [float(i)]
-    assert templates._bytes <= 200
+    assert 0 < templates.size <= 4000 and templates.cache.evictions > 0
 
 
 def test_lines_merge_across_ranks_and_duplicates_drop(tmp_path: Path) -> None:

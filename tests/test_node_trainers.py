@@ -236,3 +236,30 @@ def test_https_trainer_is_verified_against_the_ca_file(reg: Path, tmp_path: Path
         assert bad.value(N.TRAINER_SCRAPE_ERRORS.name, run="tls", reason="tls") == 1
     finally:
         tracker.close()
+
+
+def test_a_trainer_that_unregistered_and_exited_before_the_next_scrape_did_not_die(
+    reg: Path, trainers: TrainersCollector
+) -> None:
+    """A tracker closed (its registration removed) and the process exited right after, between two
+    scrapes, as a training script that ends does: not counted as a trainer that died without closing.
+    Before, the agent saw the registration gone and the pid dead and counted it (TrainingProcessExited
+    named every host of a job whose ranks had all closed cleanly, in the campaign's faults)."""
+    script = _SCRIPT.replace(
+        "time.sleep(120)", "sys.stdin.readline(); registration.unregister(path); os._exit(0)"
+    ).replace("registration.register(", "path = registration.register(")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(reg)], stdin=subprocess.PIPE)
+    try:
+        wait_for(lambda: registration.list_endpoints(reg), timeout=30)
+        assert scrape(trainers).value("train_step", run="doomed", rank="3") == 42
+        assert proc.stdin is not None
+        proc.stdin.write(b"\n")
+        proc.stdin.close()
+        proc.wait(timeout=10)
+        s = scrape(trainers)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert s.value(N.TRAINER_REGISTRATIONS_DROPPED.name) == 0
+    assert s.value(N.TRAINERS.name) == 0

@@ -85,6 +85,11 @@ def _agent_family_text() -> str:
         'DCGM_FI_DEV_XID_ERRORS{run="r",rank="0",gpu="0"} 79',
         'train_steps_total{run="r",rank="0"} 5',
     ]
+    # The monitoring's own series its alerts read (before: served, and a trainer paged "rule
+    # evaluation failing" or "Alertmanager fails to deliver" on its host's behalf).
+    from babysitter.generate.alerts.monitoring import FOREIGN_SERIES
+
+    lines += [f'{name}{{run="r",rank="0"}} 7' for name in FOREIGN_SERIES]
     return "\n".join(lines) + "\n"
 
 
@@ -105,6 +110,7 @@ def test_no_agent_or_prometheus_family_gets_through(reg: Path, caplog: pytest.Lo
     served = {name for name, labels in s.series(run="r")} - {
         N.TRAINER_SCRAPE_SUCCESS.name,
         N.TRAINER_SCRAPE_DURATION.name,
+        N.TRAINER_RANK.name,
     }
     assert served == {"train_steps_total"}, served
     dropped = s.value(N.TRAINER_SERIES_DROPPED.name, owner_uid=UID, reason="reserved")

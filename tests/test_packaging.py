@@ -75,6 +75,7 @@ def test_wheel_metadata_agrees_with_the_package(wheel: Path) -> None:
         licence = zf.read(f"{dist_info}/licenses/LICENSE").decode()
         entry_points = zf.read(f"{dist_info}/entry_points.txt").decode()
         names = zf.namelist()
+        routing = zf.read("babysitter/data/alertmanager.yml")
     assert meta["Name"] == "babysitter"
     assert meta["Version"] == __version__
     assert meta["License-Expression"] == "Apache-2.0"
@@ -82,4 +83,7 @@ def test_wheel_metadata_agrees_with_the_package(wheel: Path) -> None:
     assert licence == (REPO / "LICENSE").read_text()
     assert "[console_scripts]\nbabysitter = babysitter.cli:main" in entry_points
     assert "babysitter/py.typed" in names
+    # The demo's Alertmanager routing ships inside the package: the one file exporters/ links to.
+    assert (REPO / "exporters/alertmanager.yml").is_symlink()
+    assert routing == (REPO / "exporters/alertmanager.yml").read_bytes()
     assert {"demo", "test", "nvml"} <= set(meta.get_all("Provides-Extra") or [])

@@ -23,6 +23,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from babysitter.catalog import node as N
 from babysitter.catalog import train as T
 from babysitter.export.http import serve
+from babysitter.generate.config import GenerateConfig
+from babysitter.generate.ranks import RankRecords
 from babysitter.prom import PromClient, PromError
 from babysitter.remediate.backends.base import BackendError
 from babysitter.remediate.jobmap import PrometheusJobMap
@@ -220,3 +222,56 @@ def test_the_job_map_on_a_real_prometheus(tmp_path: Path) -> None:
             assert job_map.jobs_on("elsewhere:9400") == [] and job_map.instances_of("r2") == []
     finally:
         endpoint.close()
+
+
+@pytest.mark.prometheus
+def test_the_job_map_leaves_out_ranks_that_do_not_speak_for_their_run(tmp_path: Path) -> None:
+    """Run -> hosts and run -> jobs (through its ranks' GPUs) on a real Prometheus: host A runs ranks 0
+    and 1 of r1 (jobs 4242, 4243); host B serves rank 9 of r1 on a GPU of job 5555, and the rules'
+    excluded list (recorded here from a gauge the test sets) names it. B is not r1's host, 5555 not its
+    job; before the list names it, it is both."""
+    require_binary(PROMETHEUS, "prometheus")
+    excluded = RankRecords(GenerateConfig()).excluded
+    registries = {name: CollectorRegistry() for name in ("a", "b")}
+    jobs = {
+        name: Gauge(N.GPU_JOB.name, N.GPU_JOB.help, ["gpu", "uuid", "hpc_job"], registry=registry)
+        for name, registry in registries.items()
+    }
+    info = {
+        name: Gauge(T.INFO.name, T.INFO.help, ["run", "rank", "uuid"], registry=registry)
+        for name, registry in registries.items()
+    }
+    steps = {
+        name: Counter(T.STEPS.base_name, T.STEPS.help, ["run", "rank"], registry=registry)
+        for name, registry in registries.items()
+    }
+    for rank, uuid, job in (("0", "GPU-a", "4242"), ("1", "GPU-b", "4243")):
+        jobs["a"].labels(rank, uuid, job).set(1)
+        info["a"].labels("r1", rank, uuid).set(1)
+        steps["a"].labels("r1", rank).inc()
+    jobs["b"].labels("0", "GPU-c", "5555").set(1)
+    info["b"].labels("r1", "9", "GPU-c").set(1)
+    steps["b"].labels("r1", "9").inc()
+    listed = Gauge(
+        "test_excluded", "what the rule records", ["run", "rank", "reason"], registry=registries["b"]
+    )
+    rules = tmp_path / "rules.yml"
+    rules.write_text(
+        json.dumps({"groups": [{"name": "t", "rules": [{"record": excluded, "expr": "test_excluded"}]}]})
+    )
+    endpoints = {name: serve(registry, addr="127.0.0.1", port=0) for name, registry in registries.items()}
+    try:
+        a, b = (f"127.0.0.1:{endpoints[name].port}" for name in ("a", "b"))
+        with PrometheusServer(tmp_path, targets=[a, b], scrape_interval="1s", rule_files=[rules]) as prom:
+            prom.wait_for(f"count({T.STEPS.name}) == 3")
+            job_map = PrometheusJobMap(prom.url, lookback=3600, timeout=10)
+            assert job_map.instances_of("r1") == sorted([a, b])
+            assert job_map.jobs_of("r1") == ["4242", "4243", "5555"]
+            listed.labels("r1", "9", "undeclared").set(1)
+            prom.wait_for(f"{excluded} == 1")
+            assert job_map.instances_of("r1") == [a]
+            assert job_map.jobs_of("r1") == ["4242", "4243"]
+            assert job_map.jobs_of("r2") == [] and job_map.instances_of("r2") == []
+    finally:
+        for endpoint in endpoints.values():
+            endpoint.close()

@@ -162,8 +162,9 @@ def test_prometheus_config_passes_promtool(path: Path, tmp_path: Path) -> None:
     config = _load(path)
     k8s_jobs = ["kubernetes_sd_configs" in job for job in config.get("scrape_configs", [])]
     # A Prometheus built without Kubernetes discovery (Debian's) rejects the whole file: an example
-    # for hosts outside Kubernetes must not carry a Kubernetes job along.
-    assert all(k8s_jobs) or not any(k8s_jobs), f"{_id(path)} mixes Kubernetes discovery with other jobs"
+    # for hosts outside Kubernetes must not carry a Kubernetes job along (the Kubernetes example's
+    # static jobs, Prometheus and Alertmanager scraping themselves, are fine there).
+    assert "kubernetes" in _id(path) or not any(k8s_jobs), f"{_id(path)} carries Kubernetes discovery"
     uses_k8s = any(k8s_jobs)
     if uses_k8s and not _promtool_has_kubernetes_sd(tmp_path):
         # The check runs on a rewritten copy next to the original, so relative rule files still resolve.
@@ -202,12 +203,42 @@ def test_node_jobs_are_the_ones_the_rules_watch(name: str) -> None:
     selector = GenerateConfig().node_up_selector
     match = re.fullmatch(r'job=~"(.+)"', selector)
     assert match, selector
-    jobs = _load(EXPORTERS / name)["scrape_configs"]
+    jobs = [
+        job for job in _load(EXPORTERS / name)["scrape_configs"] if job["job_name"] not in _MONITORING_JOBS
+    ]
     assert jobs
     for job in jobs:
         assert re.fullmatch(match.group(1), job["job_name"]), job["job_name"]
         assert not job.get("honor_labels", False)
         assert {"action": "labeldrop", "regex": "exported_.*"} in job["metric_relabel_configs"]
+
+
+#: The jobs that scrape the monitoring itself (generate/alerts/monitoring.py reads their series).
+_MONITORING_JOBS = {"prometheus", "prometheus-central", "alertmanager"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "prometheus-scrape.yml",
+        "prometheus-slurm.yml",
+        "prometheus-kubernetes.yml",
+        "central/prometheus-central.yml",
+    ],
+)
+def test_every_server_scrapes_itself_and_alertmanager(name: str) -> None:
+    """The alerts on failing rule evaluations and notifications read Prometheus's and Alertmanager's own
+    series: every example of a Prometheus that evaluates the rules scrapes both (before: only the
+    central one scraped itself, and none Alertmanager, so those alerts could never fire)."""
+    jobs = {job["job_name"]: job for job in _load(EXPORTERS / name)["scrape_configs"]}
+    targets = {
+        name: [t for group in job.get("static_configs", []) for t in group["targets"]]
+        for name, job in jobs.items()
+    }
+    assert any(
+        t.endswith(":9090") for job in ("prometheus", "prometheus-central") for t in targets.get(job, [])
+    )
+    assert [t for t in targets.get("alertmanager", []) if t.endswith(":9093")], targets
 
 
 @pytest.mark.prometheus
@@ -216,7 +247,9 @@ def test_slurm_example_discovers_hosts_from_file_sd(tmp_path: Path) -> None:
     script writes and labels each target with its Slurm node name."""
     from promkit import PrometheusServer
 
-    (job,) = _load(EXPORTERS / "prometheus-slurm.yml")["scrape_configs"]
+    (job,) = [
+        j for j in _load(EXPORTERS / "prometheus-slurm.yml")["scrape_configs"] if "file_sd_configs" in j
+    ]
     nodes = tmp_path / "nodes"
     nodes.mkdir()
     # What the script in slurm.md writes for two nodes (nobody listens there: discovery is the point).

@@ -366,7 +366,7 @@ def test_remediate_drives_kubernetes_through_the_official_client(tmp_path: Path)
     """An Xid page for gpu-1: one PATCH cordons, taints and records the reason, one DELETE removes the
     JobSet's pod there (not the notebook, which nothing would recreate); its resolve uncordons. A
     request without the token changes nothing."""
-    pytest.importorskip("kubernetes", reason="pip install 'babysitter[k8s]' (the official client)")
+    pytest.importorskip("kubernetes", reason="the k8s extra (the official client)")
     from test_remediate_k8s import FakeApiServer, write_kubeconfig
 
     stub = FakeApiServer()

@@ -18,7 +18,7 @@ from babysitter.remediate.alerts import parse_notification
 from babysitter.remediate.audit import AuditLog
 from babysitter.remediate.engine import Remediator
 from babysitter.remediate.policy import PolicyError, parse_policy
-from remediate_helpers import RecordingBackend, alert, payload
+from remediate_helpers import FakeJobMap, RecordingBackend, alert, payload
 
 NODES = ["n1", "n7", "n8", "n9"]
 SUMMARY = "Run r7 has not finished a step for 7m 0s; culprit rank 2 on host n7:9400."
@@ -29,6 +29,7 @@ def _policy(tmp: Path, **rule: Any) -> Any:
         {
             "backend": "slurm",
             "audit_log": str(tmp / "audit.jsonl"),
+            "jobs": {"prometheus_url": "http://127.0.0.1:9"},
             "rails": {
                 "rate_limit": {"actions": 10, "window": "10m"},
                 "drain_cap": {"fraction": 0.5, "window": "1h"},
@@ -51,7 +52,11 @@ def _run(
     tmp: Path, item: dict[str, Any], *, dry: bool = True, **rule: Any
 ) -> tuple[RecordingBackend, list[Any]]:
     backend = RecordingBackend(NODES)
-    remediator = Remediator(_policy(tmp, **rule), backend, AuditLog(tmp / "audit.jsonl"), force_dry_run=dry)
+    # Run r7's ranks report from n1, n7 and n8 (ranks that speak for it: generate/ranks.py).
+    jobmap = FakeJobMap({"r7": ["n1:9400", "n7:9400", "n8:9400"]})
+    remediator = Remediator(
+        _policy(tmp, **rule), backend, AuditLog(tmp / "audit.jsonl"), jobmap=jobmap, force_dry_run=dry
+    )
     remediator.handle(parse_notification(payload(item)))
     records = [json.loads(line) for line in (tmp / "audit.jsonl").read_text().splitlines()]
     return backend, records

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("kubernetes", reason="pip install 'babysitter[k8s]' (the official client)")
+pytest.importorskip("kubernetes", reason="the k8s extra (the official client)")
 
+from babysitter.remediate.backends.base import BackendError
 from babysitter.remediate.backends.kubernetes import KubernetesBackend
 from babysitter.remediate.engine import REASON_PREFIX
 from babysitter.remediate.policy import KubernetesOptions
@@ -135,6 +136,16 @@ class FakeApiServer:
                     items = [p for p in stub.pods.values() if not host or p["spec"]["nodeName"] == host]
                     self._send(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
                     return
+                if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 5 and parts[4] == "pods":
+                    key_value = query.get("labelSelector", [""])[0].partition("=")
+                    items = [
+                        p
+                        for (ns, _), p in stub.pods.items()
+                        if ns == parts[3]
+                        and (not key_value[0] or p["metadata"]["labels"].get(key_value[0]) == key_value[2])
+                    ]
+                    self._send(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
+                    return
                 if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 6 and parts[4] == "pods":
                     key = (parts[3], parts[5])
                     if key not in stub.pods:
@@ -244,6 +255,21 @@ def test_requeue_deletes_only_controller_owned_pods(api: tuple[FakeApiServer, Ku
     assert (method, path) == ("DELETE", "/api/v1/namespaces/ml/pods/llama-0")
     assert query.get("gracePeriodSeconds") == ["30"]
     assert ("ml", "llama-0") not in stub.pods and ("ml", "notebook") in stub.pods
+
+
+def test_a_jobs_nodes_are_its_pods_and_its_jobsets_other_pods(
+    api: tuple[FakeApiServer, KubernetesBackend],
+) -> None:
+    """What remediate checks a stall's culprit host against (hosts_from: culprit): the nodes of the
+    run's pod and of the other pods of its JobSet; a pod without an owner label is only its own."""
+    stub, backend = api
+    assert backend.nodes_of(["ml/llama-0"]) == ["gpu-1", "gpu-2"]
+    listed = [r for r in stub.requests if r[1] == "/api/v1/namespaces/ml/pods"]
+    assert [r[2]["labelSelector"] for r in listed] == [[f"{JOBSET}=llama"]]
+    assert backend.nodes_of(["ml/notebook"]) == ["gpu-1"]
+    assert backend.nodes_of([]) == []
+    with pytest.raises(BackendError, match="read pod ml/gone"):
+        backend.nodes_of(["ml/gone"])
 
 
 def test_dry_run_goes_to_the_server_with_dry_run_all(api: tuple[FakeApiServer, KubernetesBackend]) -> None:

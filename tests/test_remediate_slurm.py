@@ -7,6 +7,7 @@ scontrol show job). One cluster serves the module; each test cleans its nodes an
 from __future__ import annotations
 
 import json
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from babysitter.remediate.backends.slurm import SlurmBackend
 from babysitter.remediate.engine import REASON_PREFIX, Remediator
 from babysitter.remediate.policy import SlurmOptions, parse_policy
 from babysitter.remediate.server import WebhookServer
+from proc_helpers import find
 from remediate_helpers import SlurmCluster, alert, payload
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -210,3 +212,23 @@ def test_webhook_storm_drains_within_the_cap(cluster: SlurmCluster, tmp_path: Pa
     assert refused <= {"drain_cap", "no_target"} and "drain_cap" in refused
     assert remediator.refusals[("drain", "drain_cap")] >= 3
     assert server.notifications["unauthorized"] == 1 and server.notifications["accepted"] == 50
+
+
+def test_a_stopped_cluster_leaves_no_process_behind(tmp_path: Path) -> None:
+    """Issue 32: a job still running when the cluster stops left its slurmstepd behind (retrying
+    its job-complete message to daemons that were gone, deaf to SIGTERM, 13 minutes after the
+    suite). Once the cluster is stopped, nothing that carries its SLURM_CONF is left: no daemon,
+    job step or job process."""
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import time; time.sleep(300)'\n")
+    with SlurmCluster(tmp_path / "slurm", ("n1",)) as slurm:
+        job = slurm.run("sbatch", "--parsable", "-o", str(tmp_path / "out-%j"), str(script)).stdout.strip()
+        wait_for("job running", lambda: slurm.job(job).get("JobState") == "RUNNING")
+        conf = {"SLURM_CONF": str(slurm.conf)}
+
+        def step_and_job() -> bool:
+            names = [p.name for p in find(conf)]
+            return "slurmstepd" in names and any(n.startswith("python") for n in names)
+
+        wait_for("its job step and job process", step_and_job)
+    assert find(conf) == []

@@ -13,6 +13,7 @@ import pytest
 
 from babysitter.cli import main
 from babysitter.ledger import summarize
+from node_helpers import wait_for
 
 CHILD = Path(__file__).with_name("test_ledger_child.py")
 
@@ -33,10 +34,15 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--save-seconds",
         "0.05",
     ]
-    first = subprocess.Popen([*argv, "--truth", str(base / "t0")], env=env)
+    truth = base / "t0"
+    first = subprocess.Popen([*argv, "--truth", str(truth)], env=env)
     try:
-        first.wait(timeout=1.5)
-    except subprocess.TimeoutExpired:
+        # Killed once it has stepped and saved (importing torch alone took 10 s on a loaded CI
+        # machine: a kill at a fixed 1.5 s sometimes came before the first step, leaving no
+        # incarnation to call killed), then a little later, mid-run.
+        wait_for(lambda: truth.exists() and b"save_end" in truth.read_bytes(), timeout=120)
+        time.sleep(0.3)
+    finally:
         first.kill()
         first.wait()
     time.sleep(0.3)  # downtime before the restart
@@ -92,9 +98,37 @@ def test_summary_agrees_with_json_and_counts_the_kill(run_dir: Path) -> None:
     assert s.checkpoints_ok >= 1
 
 
-def test_empty_or_missing_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_empty_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "babysitter-ledger.jsonl").write_bytes(b"")
     assert main(["report", str(tmp_path)]) == 1
     assert "no ledger records" in capsys.readouterr().err
+
+
+def test_a_ledger_of_invalid_lines_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not "no records yet", which sends one waiting for a run that wrote lines the report skipped."""
+    (tmp_path / "babysitter-ledger.jsonl").write_text('{"not": "a record"}\nnor this\n')
+    assert main(["report", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "2 line(s) skipped as invalid, torn or fenced" in err and "yet" not in err, err
+
+
+def test_missing_ledger_says_what_writes_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: an empty directory named a ledger file that does not exist and gave no hint."""
+    assert main(["report", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"no ledger in {tmp_path}" in err
+    assert "babysitter.watch(..., run_dir=...)" in err, err
+    assert "no ledger records" not in err
+    assert err.count("\n") == 1
+
+
+def test_missing_ledger_points_at_the_one_below(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ledger one directory down (the demo's work directory keeps its run in run/) is named, with the
+    command that reads it."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "babysitter-ledger.jsonl").write_bytes(b"")
+    assert main(["report", str(tmp_path)]) == 1
+    assert f"babysitter report {tmp_path / 'run'}" in capsys.readouterr().err
 
 
 def test_bad_ledger_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -108,7 +142,9 @@ def test_missing_report_extra_gives_a_clear_error(
     monkeypatch.setitem(sys.modules, "rich", None)
     monkeypatch.setitem(sys.modules, "rich.console", None)
     assert main(["report", str(run_dir)]) == 2
-    assert "babysitter[report]" in capsys.readouterr().err
+    from babysitter._install import pip_install_extra
+
+    assert pip_install_extra("report") in capsys.readouterr().err  # the extra, for this installation
 
 
 def test_a_live_run_reports_running_up_to_now(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

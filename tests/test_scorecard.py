@@ -1,4 +1,4 @@
-"""The scorecard: PromQL against a real Prometheus holding 14 days of two simulated clusters.
+"""The scorecard: PromQL against a real Prometheus holding 7 days of two simulated clusters.
 
 The clusters differ in speed (MFU), fault rate (restarts, Xid errors), checkpoint bandwidth and
 storage latency; the scorecard must find each number the simulation put in and rank the better
@@ -41,6 +41,7 @@ GOOD = SimCluster(
     checkpoint_bytes_per_second=2e9,
     storage_seconds=0.05,
     probe_peak_ratio=0.78,
+    slowdown=0.02,
 )
 BAD = SimCluster(
     name="provider-b",
@@ -55,8 +56,10 @@ BAD = SimCluster(
     probe_storage_write=2e8,
     probe_lemons=1,
     other_model_mfu=0.9,
+    slowdown=0.08,
+    straggler_rank=2,
 )
-DAYS = 14
+DAYS = 7
 STEP = 1800.0
 
 
@@ -210,6 +213,12 @@ class TestBackfilledClusters:
             got = by_name[sim.name]
             assert got["mfu"] == pytest.approx(sim.mfu, rel=1e-3)
             assert got["goodput"] == pytest.approx(sim.goodput, rel=1e-3)
+            # GPU time lost to slow steps next to failures, and the slow part by its likely cause: the
+            # straggling rank where one straggles, else unknown.
+            assert got["slowdown_share"] == pytest.approx(sim.slowdown, rel=1e-3)
+            assert got["failure_share"] == pytest.approx(1 - sim.goodput - sim.slowdown, rel=1e-3)
+            cause = "unknown" if sim.straggler_rank is None else "straggler"
+            assert got["slowdown_by_cause"] == {cause: pytest.approx(sim.slowdown, rel=0.02)}
             assert got["effective_mfu"] == pytest.approx(sim.mfu * sim.goodput, rel=1e-3)
             assert got["checkpoint_bytes_per_second"] == pytest.approx(
                 sim.checkpoint_bytes_per_second, rel=1e-3

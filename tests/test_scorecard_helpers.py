@@ -27,6 +27,7 @@ from typing import Any
 from babysitter.catalog import goodput as G
 from babysitter.catalog import node as N
 from babysitter.catalog import probe as P
+from babysitter.catalog import runtime as R
 from babysitter.catalog import storage as S
 from babysitter.catalog import train as T
 from promkit import PROMETHEUS, PROMTOOL, free_port, require_binary
@@ -54,6 +55,10 @@ class SimCluster:
     probe_storage_write: float = 1e9
     probe_lemons: int = 0
     other_model_mfu: float | None = None
+    #: Share of the wall time lost to slow steps (the rest of the badput is failures), and the rank
+    #: that straggles meanwhile (its straggler score 1.5: the likely cause), None for no culprit.
+    slowdown: float = 0.0
+    straggler_rank: int | None = None
     ranks: int = 4
     hosts: tuple[str, ...] = ("h0", "h1")
     gpus_per_host: int = 2
@@ -90,14 +95,22 @@ def _cluster_lines(c: SimCluster, start: float, end: float, step: float) -> list
             T.MODEL_FLOPS.name, other, [(t, c.other_model_mfu * PEAK * (t - start)) for t in times]
         )
         lines += _series(T.PEAK_FLOPS.name, other, [(t, PEAK) for t in times])
-    base = {"cluster": c.name, "run": run, "rank": "0"}
+    base = {"cluster": c.name, "run": run, "rank": "0", "model": MODEL}  # a run's constant labels
     lines += _series(G.PRODUCTIVE_SECONDS.name, base, [(t, c.goodput * (t - start)) for t in times])
-    for cause, share in (("downtime", 0.6), ("lost_progress", 0.4)):
+    failures = 1 - c.goodput - c.slowdown
+    for cause, share in (
+        ("downtime", 0.6 * failures),
+        ("lost_progress", 0.4 * failures),
+        ("slowdown", c.slowdown),
+    ):
         lines += _series(
             G.BADPUT_SECONDS.name,
             {**base, "cause": cause},
-            [(t, share * (1 - c.goodput) * (t - start)) for t in times],
+            [(t, share * (t - start)) for t in times],
         )
+    for rank in range(c.ranks):
+        score = 1.5 if rank == c.straggler_rank else 1.0
+        lines += _series(R.STRAGGLER_SCORE.name, {**base, "rank": str(rank)}, [(t, score) for t in times])
     every = c.restart_every_hours * 3600
     lines += _series(G.RESTARTS.name, base, [(t, (t - start) // every) for t in times])
     ckpt_bytes = 10e9  # one 10 GB save per hour per rank

@@ -158,6 +158,36 @@ def test_integers_read_and_count_what_integer_does(tmp_path: Path) -> None:
         assert batched.integers(paths) == [one.integer(p) for p in paths]
         assert batched.problems() == one.problems()
         assert batched.kept_open == one.kept_open
-    assert one.problems() == {"unreadable": 0, "vanished": 2, "garbage": 3, "unavailable": 1}
+    assert one.problems() == {
+        "unreadable": 0,
+        "vanished": 2,
+        "garbage": 3,
+        "unavailable": 1,
+        "not_regular": 0,
+    }
     one.close()
     batched.close()
+
+
+def test_only_regular_files_are_read_and_each_other_kind_costs_its_own_value(tmp_path: Path) -> None:
+    """A socket, a FIFO and a symbolic link (even to a good file) where an attribute should be: each is
+    None and counted not_regular once, without blocking; a regular file next to them reads fine, and a
+    FIFO that becomes a file again is read."""
+    (tmp_path / "good").write_text("5\n")
+    (tmp_path / "link").symlink_to(tmp_path / "good")
+    os.mkfifo(tmp_path / "fifo")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tmp_path / "sock"))
+    r = SysfsReader(tmp_path, "test")
+    try:
+        for _ in range(2):
+            assert [r.integer(n) for n in ("good", "link", "sock")] == [5, None, None]
+            assert r.text("link", listed=False) is None
+            assert r.integer("fifo") is None  # the code before blocked here, in open(), for good
+        assert r.problems()["not_regular"] == 3
+        (tmp_path / "fifo").unlink()
+        (tmp_path / "fifo").write_text("6\n")
+        assert r.integer("fifo") == 6 and r.kept_open == 2
+    finally:
+        server.close()
+        r.close()

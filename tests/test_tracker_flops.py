@@ -39,11 +39,19 @@ def test_mixtral_style_config_gives_mfu_from_active_parameters() -> None:
         tracker.close()
 
 
-def test_model_without_a_known_config_is_a_clear_setup_error() -> None:
-    """A model the FLOPs builders do not know fails at watch(), saying what to pass instead."""
+def test_model_whose_flops_cannot_be_counted_is_a_clear_setup_error() -> None:
+    """A module whose parameters would over-count (a mixture of experts: every expert, not the top-k a
+    token uses) fails at watch(), saying what to pass instead. (A plain module is counted: issue 32,
+    tests/test_flops_any_model.py.)"""
     torch = pytest.importorskip("torch")
+
+    class SparseMoeBlock(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.experts = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(8))
+
     with pytest.raises(ValueError, match="flops_per_token="):
-        babysitter.watch(torch.nn.Linear(4, 4), seq_len=16, peak_flops=1e12, port=-1)
+        babysitter.watch(SparseMoeBlock(), seq_len=16, peak_flops=1e12, port=-1)
 
 
 def test_hf_config_without_seq_len_asks_for_it() -> None:

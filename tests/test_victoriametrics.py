@@ -60,8 +60,9 @@ ENGINES = ("prometheus", "victoriametrics")
 #: 15 s (torch's import, the demo's peak calibration), and VictoriaMetrics shows a new series to
 #: queries up to 10 s after its first sample, so a recording rule that reads another rule's result reads
 #: nothing for up to 10 s per level: the deepest chains (3 levels) had results on it at 42 s on an idle
-#: 2-core machine; with 58 s, one CI run (three test workers on two cores) ended the wait still short.
-FAULT_AT = 72.0
+#: 2-core machine; with 58 s, one CI run (three test workers on two cores) ended the wait still short,
+#: and with 72 s another (r8: the likely team of a run still missing on VictoriaMetrics at 69 s).
+FAULT_AT = 90.0
 #: Grouping waits of every route in the tests' Alertmanagers (the shipped 10-30 s would dominate).
 GROUP_WAIT = 1.0
 #: The agent's remote-write batches leave within this (its queue_config below).
@@ -147,6 +148,11 @@ TOLERANCE: dict[str, Tolerance] = {
         "a ledger step, and rules' results read about 2 s later on vmalert", abs=0.05
     ),
     R.checkpoint_interval: Tolerance("span of the saves seen over their number", rel=0.05),
+    R.slowdown.slowdown_total: LEDGER,
+    R.slowdown.failure_total: LEDGER,
+    # A ledger step (3 s) in the fast profile's 1 m window, and a flush later on vmalert.
+    R.slowdown.ratio: Tolerance("a ledger step in a 1 m window", abs=0.06),
+    R.slowdown.gpu_rate_by_cause: Tolerance("a ledger step in a 20 s window, times the ranks", abs=0.5),
     R.rank_gpu_temperature: TEMPERATURE,
     R.storage_probe_total: PROBE,
     R.storage_probe_p99: PROBE,
@@ -167,6 +173,12 @@ TOLERANCE: dict[str, Tolerance] = {
             R.probe_lemons,
             R.likely_cause,
             R.likely_team,
+            # Which ranks speak for a run (generate/ranks.py): rank 0's world size; none excluded here.
+            R.ranks.world_size,
+            R.ranks.undeclared,
+            R.ranks.excluded,
+            R.slowdown.ranks,
+            R.slowdown.cause,
         ),
         EXACT,
     ),

@@ -25,11 +25,15 @@ RESERVED = frozenset(
     {"run", "rank", "le", "quantile", "cause", "phase", "where", "reason", "requested", "job", "instance"}
 )
 _NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_BAD_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+#: C0, DEL and C1 controls (0x9b is CSI on terminals that read 8-bit controls), bidi marks, embeddings,
+#: overrides and isolates (they reorder what a terminal or a dashboard shows), lone surrogates (not
+#: UTF-8: the exposition could not encode them).
+_BAD_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def sanitize_value(value: object) -> str:
-    """``value`` as a label value: control characters removed, at most :data:`MAX_VALUE_LENGTH` chars."""
+    """``value`` as a label value: control characters (C0, DEL, C1) and bidi controls removed, at
+    most :data:`MAX_VALUE_LENGTH` chars."""
     text = _BAD_CHARS.sub("", str(value)).strip()
     return text[:MAX_VALUE_LENGTH]
 

@@ -59,6 +59,7 @@ gpu = fake_gpus(4)[rank]
 tracker.gpu = {"uuid": gpu.uuid, "pci_bus_id": normalize_pci_bus_id(gpu.pci_bus_id)}
 
 import torch.distributed as dist  # noqa: E402 - after watch(), as a script that wants the recorder on does
+from sgd_step import allreduce_sgd_step  # noqa: E402 - imports torch.distributed: after watch() too
 
 dist.init_process_group("gloo")
 world = dist.get_world_size()
@@ -69,16 +70,7 @@ base = 0.06
 while not stop.exists():
     model(torch.randn(16, 64)).pow(2).mean().backward()
     time.sleep(base * (1.4 if rank == slow_rank else 1.0))
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([g.flatten() for g in grads])
-    dist.all_reduce(flat)
-    with torch.no_grad():
-        offset = 0
-        for p in model.parameters():
-            n = p.numel()
-            p.sub_(0.01 * flat[offset : offset + n].view_as(p) / world)
-            offset += n
-            p.grad = None
+    allreduce_sgd_step(model, world)
     tracker.step()
 tracker.close()
 os._exit(0)  # the others may be inside a collective: no destroy_process_group barrier

@@ -41,6 +41,7 @@ __all__ = [
     "PCIE_LINK_MAX_WIDTH",
     "PCIE_LINK_SPEED",
     "PCIE_LINK_WIDTH",
+    "SYSFS_ITEMS_DROPPED",
     "SYSFS_PROBLEMS",
 ]
 
@@ -268,8 +269,19 @@ SYSFS_PROBLEMS = MetricSpec(
     "counter",
     "",
     "sysfs files a collector could not use, each counted once while it lasts, by reason: unreadable, "
-    "vanished, garbage, unavailable (N/A (no PMA)); a reason's series appears with its first problem.",
+    "vanished, garbage, unavailable (N/A (no PMA)), not_regular (a FIFO, socket, device node or symbolic "
+    "link where the kernel has a file); a reason's series appears with its first problem.",
     labels=("collector", "reason"),
+    source="node",
+)
+SYSFS_ITEMS_DROPPED = MetricSpec(
+    "babysitter_sysfs_items_dropped",
+    "gauge",
+    "",
+    "Things the collector's last scan found beyond its cap (catalog.budget.CAPS), by kind: rdma_device, "
+    "port, counter, pcie_device, cpu, package, memory_controller; not watched, logged once. A kind's "
+    "series appears when it first goes over.",
+    labels=("collector", "kind"),
     source="node",
 )
 
@@ -298,4 +310,5 @@ METRICS: tuple[MetricSpec, ...] = (
     CPU_PACKAGE_THROTTLES,
     KERNEL_LOG_EVENTS,
     SYSFS_PROBLEMS,
+    SYSFS_ITEMS_DROPPED,
 )

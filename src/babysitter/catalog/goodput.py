@@ -15,6 +15,7 @@ __all__ = [
     "CKPT_INTERVAL_RECOMMENDED",
     "CKPT_INTERVAL_WHICH",
     "GOODPUT",
+    "IDEAL_STEP",
     "LEDGER_DROPPED_RECORDS",
     "LEDGER_PENDING_BYTES",
     "LEDGER_SKIPPED_LINES",
@@ -23,11 +24,15 @@ __all__ = [
     "METRICS",
     "PRODUCTIVE_SECONDS",
     "RESTARTS",
+    "ROLLING_GOODPUT",
+    "ROLLING_WINDOWS",
+    "STEP_DEVIATION",
 ]
 
 #: The ledger's vocabulary for time that did not become kept progress (see DESIGN.md). ``eval`` is
 #: the phase named eval (or evaluation/validation/val); every other user-marked phase is ``phase``, so
-#: the label stays bounded whatever names a training script uses.
+#: the label stays bounded whatever names a training script uses. ``slowdown`` is step time beyond the
+#: run's ideal step time (ledger/slowdown.py).
 BADPUT_CAUSES = (
     "startup",
     "checkpoint_load",
@@ -38,6 +43,7 @@ BADPUT_CAUSES = (
     "eval",
     "phase",
     "hang",
+    "slowdown",
     "other",
 )
 
@@ -70,6 +76,35 @@ RESTARTS = MetricSpec(
     "Incarnations of this run after the first (restarts).",
     ranks="rank0",
     counts="restart",
+)
+
+# MLGM's step metrics (ledger/slowdown.py, docs/goodput.md "Slowdown"), from the same ledger.
+IDEAL_STEP = MetricSpec(
+    "train_ideal_step_seconds",
+    "gauge",
+    "seconds",
+    "The run's ideal step time at the work of its latest step: the mean of recent healthy steps within "
+    "median +- 3 MAD, per token of the step (absent until 20 steps of that work were seen).",
+    ranks="rank0",
+)
+STEP_DEVIATION = MetricSpec(
+    "train_step_time_deviation_seconds",
+    "gauge",
+    "seconds",
+    "Mean absolute difference between step time and ideal step time over the last 100 judged steps "
+    "(MLGM's step-time deviation).",
+    ranks="rank0",
+)
+#: The windows ``train_rolling_goodput_ratio`` is computed over: label value -> seconds.
+ROLLING_WINDOWS = {"15m": 900.0}
+ROLLING_GOODPUT = MetricSpec(
+    "train_rolling_goodput_ratio",
+    "gauge",
+    "ratio",
+    "Goodput over the last window (label window), as babysitter report accounts it: steps not yet "
+    "covered by a checkpoint count as productive, slow steps' time beyond the ideal as slowdown.",
+    labels=("window",),
+    ranks="rank0",
 )
 
 # The checkpoint-interval advisor (ledger/advisor.py), from the same ledger: see docs/checkpoint-interval.md.
@@ -153,6 +188,9 @@ METRICS: tuple[MetricSpec, ...] = (
     PRODUCTIVE_SECONDS,
     BADPUT_SECONDS,
     RESTARTS,
+    IDEAL_STEP,
+    STEP_DEVIATION,
+    ROLLING_GOODPUT,
     CKPT_INTERVAL,
     CKPT_INTERVAL_RECOMMENDED,
     CKPT_EXPECTED_GOODPUT,

@@ -35,6 +35,7 @@ __all__ = [
     "METRICS",
     "NODE_INFO",
     "TRAINERS",
+    "TRAINER_RANK",
     "TRAINER_REGISTRATIONS_DROPPED",
     "TRAINER_REGISTRATIONS_SKIPPED",
     "TRAINER_SCRAPE_DURATION",
@@ -156,6 +157,16 @@ TRAINER_SCRAPE_DURATION = MetricSpec(
     labels=("run", "rank", "owner_uid"),
     source="node",
 )
+TRAINER_RANK = MetricSpec(
+    "babysitter_trainer_rank",
+    "gauge",
+    "",
+    "The rank of a registered trainer endpoint as a number: its registration's, the rank label the "
+    "agent binds the endpoint's series to. The rules compare it with the world size the run's rank 0 "
+    "declares (PromQL cannot compare a label with a number).",
+    labels=("run", "rank", "owner_uid"),
+    source="node",
+)
 TRAINER_SCRAPE_ERRORS = MetricSpec(
     "babysitter_trainer_scrape_errors_total",
     "counter",
@@ -251,6 +262,7 @@ METRICS: tuple[MetricSpec, ...] = (
     TRAINERS,
     TRAINER_SCRAPE_SUCCESS,
     TRAINER_SCRAPE_DURATION,
+    TRAINER_RANK,
     TRAINER_SCRAPE_ERRORS,
     TRAINER_REGISTRATIONS_DROPPED,
     TRAINER_REGISTRATIONS_SKIPPED,

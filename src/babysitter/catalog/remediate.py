@@ -33,6 +33,7 @@ REFUSAL_REASONS = (
     "missing_labels",
     "no_target",
     "not_ours",
+    "not_in_run",
 )
 NOTIFICATION_RESULTS = ("accepted", "rejected", "unauthorized", "busy")
 
@@ -52,7 +53,8 @@ REFUSALS = MetricSpec(
     "Actions a safety rail refused, by action and reason: rate_limit, drain_cap (too many nodes drained "
     "in the window), not_allowed (host, partition or namespace off the allow-list), missing_labels (the "
     "alert lacks a label the action needs), no_target (no job found to requeue), not_ours (an undrain of "
-    "a node someone else drained).",
+    "a node someone else drained), not_in_run (a stall's culprit host that does not hold the run's ranks, "
+    "or that cannot be checked).",
     labels=("action", "reason"),
     source="remediate",
 )

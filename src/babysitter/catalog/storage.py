@@ -11,14 +11,17 @@ from __future__ import annotations
 from babysitter.catalog._spec import MetricSpec
 
 __all__ = [
+    "CHECKPOINT_CHECK_FAILING",
     "CHECKPOINT_CORRUPT",
     "CHECKPOINT_CORRUPT_STEP",
     "CHECKPOINT_LEDGER_UP",
     "CHECKPOINT_MISSING",
     "CHECKPOINT_MISSING_STEP",
     "CHECKPOINT_NEWEST_VERIFIED_AGE",
+    "CHECKPOINT_UNCHECKED",
     "CHECKPOINT_VERIFY_BUDGET",
     "CHECKPOINT_VERIFY_READ",
+    "CHECK_FAILURE_REASONS",
     "CORRUPT_REASONS",
     "METRICS",
     "PROBE_ERROR_REASONS",
@@ -160,7 +163,8 @@ CHECKPOINT_VERIFY_READ = MetricSpec(
     "checkpoint_verify_read_bytes_total",
     "counter",
     "bytes",
-    "Bytes the checkpoint sentinel read back to verify digests (its I/O on the checkpoint storage).",
+    "Bytes the checkpoint sentinel read back to verify digests (its I/O on the checkpoint storage; a "
+    "run's worker killed during a pass counts all the bytes it was granted).",
     source="node",
 )
 CHECKPOINT_VERIFY_BUDGET = MetricSpec(
@@ -176,6 +180,35 @@ CHECKPOINT_LEDGER_UP = MetricSpec(
     "gauge",
     "",
     "1 when the sentinel read the run's ledger on its last check, 0 when the ledger could not be read.",
+    labels=("run",),
+    source="node",
+)
+
+#: Values of ``checkpoint_check_failing{reason}``: why the sentinel could not finish a run's checks.
+CHECK_FAILURE_REASONS = (
+    "timeout",  # its worker did not answer within --checkpoint-run-timeout (a FIFO, a hung mount, a stop)
+    "memory",  # its worker ran out of --checkpoint-run-memory
+    "crashed",  # its worker died, or answered something that is not an answer
+    "error",  # its worker met an error no check foresaw (a bug, or an input nothing bounds yet)
+    "privileges",  # the agent could not take the run owner's credentials (no CAP_SETUID/CAP_SETGID)
+)
+CHECKPOINT_CHECK_FAILING = MetricSpec(
+    "checkpoint_check_failing",
+    "gauge",
+    "seconds",
+    "Seconds since the sentinel last finished checking the run, while it cannot (absent when it can): its "
+    "worker ran past its time or memory budget, died, or could not take the owner's credentials; the "
+    "run's other checkpoint series are its last complete check.",
+    labels=("run", "reason"),
+    source="node",
+)
+CHECKPOINT_UNCHECKED = MetricSpec(
+    "checkpoint_unchecked",
+    "gauge",
+    "",
+    "How many of the run's last K checkpoints the sentinel cannot check (absent when none): a URL, no "
+    "path, a path outside the run directory, a directory someone else controls, a file that is not a "
+    "regular file, or one its owner cannot read.",
     labels=("run",),
     source="node",
 )
@@ -197,4 +230,6 @@ METRICS: tuple[MetricSpec, ...] = (
     CHECKPOINT_CORRUPT_STEP,
     CHECKPOINT_VERIFY_READ,
     CHECKPOINT_VERIFY_BUDGET,
+    CHECKPOINT_CHECK_FAILING,
+    CHECKPOINT_UNCHECKED,
 )

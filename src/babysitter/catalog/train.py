@@ -42,6 +42,7 @@ __all__ = [
     "STEP_QUANTILE_STEPS",
     "TOKENS",
     "TRACKER_LABELS",
+    "WORLD_SIZE",
 ]
 
 TRACKER_LABELS = ("run", "rank")
@@ -192,6 +193,15 @@ RUN_START_TIMESTAMP = MetricSpec(
     "Unix time at which this process's tracker started (this incarnation).",
     ranks="rank0",
 )
+WORLD_SIZE = MetricSpec(
+    "train_world_size",
+    "gauge",
+    "",
+    "Ranks the launcher started (torch.distributed's world size; 1 without it). Rank 0's value declares "
+    "the run's ranks: the rules leave a rank number at or past it out of the run's stall, culprit and "
+    "drain decisions.",
+    ranks="rank0",
+)
 INFO = MetricSpec(
     "train_info",
     "info",
@@ -236,5 +246,6 @@ METRICS: tuple[MetricSpec, ...] = (
     LOSS,
     NONFINITE_LOSS,
     RUN_START_TIMESTAMP,
+    WORLD_SIZE,
     INFO,
 )

@@ -18,6 +18,10 @@ Who writes what:
 A structure problem (a truncated safetensors shard, a zip archive without its directory, an index or
 ``.metadata`` naming a shard that is not there) means the save is not complete: no manifest is written
 and the result says why. So does a file that changed size while it was hashed (still being written).
+
+What readers accept bounds what is written: a checkpoint of more than
+:data:`~babysitter.checkpoints.manifest.MAX_DIGESTS` chunks gets a manifest of sizes only (its note
+says so), one of more than :data:`~babysitter.checkpoints.manifest.MAX_FILES` files none.
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from babysitter.checkpoints.digest import ALGORITHM, BUFFER, CHUNK, hash_file
+from babysitter.checkpoints.digest import ALGORITHM, BUFFER, CHUNK, check_chunk, chunk_count, hash_file
 from babysitter.checkpoints.layouts import detect, shard_owner, structure_problems, walk
 from babysitter.checkpoints.manifest import (
+    MAX_DIGESTS,
+    MAX_MANIFEST_BYTES,
     FileEntry,
     Manifest,
     ManifestError,
@@ -140,6 +146,7 @@ def build_manifest(
     Never raises for what the file system does (a vanished path, a file still being written, a
     permission error): the result says ``failed`` and why. ``cancelled`` returning True (a newer save
     to the same path began: its bytes are replacing these) stops it with nothing written, ``skipped``."""
+    check_chunk(chunk)
     t0 = clock()
     root = Path(checkpoint)
     hasher = _Hasher(root.parent if root.is_file() else root, alg, chunk, stop, cancelled)
@@ -153,8 +160,12 @@ def build_manifest(
 
     def made(layout: str, files: tuple[FileEntry, ...], ranks: list[int], note: str = "") -> Manifest:
         host = socket.gethostname()
+        if hasher.alg is None:  # sizes only (also what other ranks' parts hashed)
+            files = tuple(FileEntry(f.path, f.size) for f in files)
+            if alg is not None:
+                note = f"{note}; sizes only: more than {MAX_DIGESTS} chunks of {chunk} bytes".lstrip("; ")
         return Manifest(
-            run, step, layout, time.time(), host, alg, chunk, files, tuple(sorted(set(ranks))), note
+            run, step, layout, time.time(), host, hasher.alg, chunk, files, tuple(sorted(set(ranks))), note
         )
 
     try:
@@ -163,6 +174,8 @@ def build_manifest(
         is_dir = root.is_dir()
         listing = walk(root)
         layout = detect(root, listing)
+        if alg is not None and sum(chunk_count(size, chunk) for size in listing.values()) > MAX_DIGESTS:
+            hasher.alg = None  # more digests than a reader accepts: a manifest of sizes only
         ranks = [rank]
         if is_dir and layout == "dcp":
             owners = {o for o in map(shard_owner, listing) if o is not None}
@@ -208,6 +221,8 @@ def build_manifest(
             note = f"{layout}: {len(files)} file(s)"
         manifest = made(layout, files, ranks, note)
         data = manifest.encode()
+        if len(data) > MAX_MANIFEST_BYTES:
+            return result("failed", why=f"its manifest would be {len(data)} bytes, more than readers accept")
         target = manifest_path(root, is_dir=is_dir)
         hasher.check()
         write_atomic(target, data)

@@ -23,16 +23,41 @@ import hashlib
 import os
 from collections.abc import Callable
 
-__all__ = ["ALGORITHM", "ALGORITHMS", "BUFFER", "CHUNK", "chunk_count", "hash_file", "hash_range"]
+__all__ = [
+    "ALGORITHM",
+    "ALGORITHMS",
+    "BUFFER",
+    "CHUNK",
+    "MAX_CHUNK",
+    "MIN_CHUNK",
+    "check_chunk",
+    "chunk_count",
+    "hash_file",
+    "hash_range",
+]
 
 #: The digest the tracker writes by default.
 ALGORITHM = "sha256"
 #: Digests a manifest may name (``hashlib`` names).
 ALGORITHMS = ("sha256", "blake2b", "sha1")
-#: Bytes per digest.
+#: Bytes per digest (what the tracker writes).
 CHUNK = 16 << 20
+#: The chunk sizes a manifest may use. Below: a 1-byte chunk turns a 43 MB checkpoint into a 2.8 GB
+#: manifest (64 hex digits a byte), and lets a verdict tell single bytes apart. Above: the node
+#: agent's sentinel reads at most ``max(its budget, CHUNK)`` bytes in a pass, so a larger chunk could
+#: never be read, and its file never verified.
+MIN_CHUNK = 64 << 10
+MAX_CHUNK = CHUNK
 #: Bytes read per system call (one buffer reused for every read).
 BUFFER = 4 << 20
+
+
+def check_chunk(chunk: object) -> int:
+    """``chunk`` when it is a chunk size a manifest may use, else ValueError (at setup: a tracker
+    must not write manifests that every reader refuses)."""
+    if type(chunk) is not int or not MIN_CHUNK <= chunk <= MAX_CHUNK:
+        raise ValueError(f"chunk must be an int in [{MIN_CHUNK}, {MAX_CHUNK}] bytes, got {chunk!r}")
+    return chunk
 
 
 def chunk_count(size: int, chunk: int = CHUNK) -> int:

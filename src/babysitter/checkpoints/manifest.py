@@ -12,9 +12,14 @@ Several ranks of one ``torch.distributed.checkpoint`` save each hash their own s
 *part* (``babysitter-manifest.part-<rank>.json``, same format, same atomic write); rank 0 merges the
 parts into the manifest and removes them (:mod:`babysitter.checkpoints.build`).
 
-Reading is strict and bounded (a manifest is input from a shared file system): a path that is
-absolute or climbs out with ``..``, a size or count out of range, a digest that is not hex of the
-algorithm's length is a :class:`ManifestError`.
+Reading is strict and bounded (a manifest is input from a shared file system, and the node agent
+reads it as root): a path that is absolute or climbs out with ``..``, a size or count out of range, a
+digest that is not hex of the algorithm's length, a chunk size outside
+[:data:`~babysitter.checkpoints.digest.MIN_CHUNK`, :data:`~babysitter.checkpoints.digest.MAX_CHUNK`]
+is a :class:`ManifestError`; so is a manifest file larger than :data:`MAX_MANIFEST_BYTES` (refused
+before it is read), one with more than :data:`MAX_FILES` files or :data:`MAX_DIGESTS` digests, or JSON
+nested deeper than any manifest. A manifest file that is not a regular file (a FIFO, a link) is an
+OSError, and is never opened.
 """
 
 from __future__ import annotations
@@ -27,11 +32,16 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from babysitter.checkpoints.digest import ALGORITHMS, chunk_count
+from babysitter import jsonin
+from babysitter.checkpoints.digest import ALGORITHMS, MAX_CHUNK, MIN_CHUNK, chunk_count
+from babysitter.userfiles import TooLargeError, read_regular
 
 __all__ = [
     "FORMAT",
     "MANIFEST_NAME",
+    "MAX_DIGESTS",
+    "MAX_FILES",
+    "MAX_MANIFEST_BYTES",
     "PART_PREFIX",
     "VERSION",
     "FileEntry",
@@ -52,9 +62,14 @@ MANIFEST_NAME = "babysitter-manifest.json"
 PART_PREFIX = "babysitter-manifest.part-"
 _SIDECAR = ".babysitter-manifest.json"
 _TMP = ".babysitter-manifest.tmp."
-_MAX_FILES = 1_000_000
+#: Files a manifest may list (what :func:`babysitter.checkpoints.layouts.walk` lists at most).
+MAX_FILES = 1 << 18
+#: Digests a manifest may hold, all files together: 8 TiB of checkpoint at the default 16 MiB chunk.
+MAX_DIGESTS = 1 << 19
+#: Bytes of manifest a reader accepts: a 1 TB checkpoint's is ~5 MB, MAX_DIGESTS take ~36 MB.
+#: Parsed, a manifest holds ~3.5 times its bytes in memory (a 32 MiB one: +110 MiB).
+MAX_MANIFEST_BYTES = 40 << 20
 _MAX_BYTES = (1 << 53) - 1
-_MAX_MANIFEST = 256 << 20  # bytes of JSON a reader accepts (a 1 TB checkpoint's is ~5 MB)
 _DIGEST_HEX = {alg: hashlib.new(alg).digest_size * 2 for alg in ALGORITHMS}
 _HEX = re.compile(r"^[0-9a-f]+$")
 
@@ -197,11 +212,13 @@ def _rel(text: object) -> str:
 
 def parse_manifest(data: bytes) -> Manifest:
     """The manifest in ``data``; ManifestError when it is not a valid manifest of this version."""
-    if len(data) > _MAX_MANIFEST:
-        raise ManifestError(f"{len(data)} bytes is larger than any manifest")
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{len(data)} bytes is larger than any manifest ({MAX_MANIFEST_BYTES})")
     try:
-        obj = json.loads(data)
-    except (ValueError, RecursionError) as exc:
+        obj = jsonin.loads(data, max_bytes=MAX_MANIFEST_BYTES)
+    except jsonin.JSONLimitError as exc:
+        raise ManifestError(f"not a manifest: {exc}") from None
+    except ValueError as exc:
         raise ManifestError(f"not JSON (a torn or foreign file): {exc}") from None
     if type(obj) is not dict or obj.get("format") != FORMAT:
         raise ManifestError("not a babysitter checkpoint manifest")
@@ -210,10 +227,13 @@ def parse_manifest(data: bytes) -> Manifest:
     alg = obj.get("alg")
     if alg is not None and alg not in ALGORITHMS:
         raise ManifestError(f"unknown digest {alg!r}")
-    chunk = _int(obj, "chunk", 1, 1 << 40)
+    chunk = _int(obj, "chunk", MIN_CHUNK, MAX_CHUNK)
     files_raw = obj.get("files")
-    if type(files_raw) is not list or len(files_raw) > _MAX_FILES:
-        raise ManifestError(f"'files' must be a list of at most {_MAX_FILES} entries")
+    if type(files_raw) is not list or len(files_raw) > MAX_FILES:
+        raise ManifestError(f"'files' must be a list of at most {MAX_FILES} entries")
+    digests = sum(len(e["chunks"]) for e in files_raw if type(e) is dict and type(e.get("chunks")) is list)
+    if digests > MAX_DIGESTS:
+        raise ManifestError(f"{digests} digests, more than a manifest may hold ({MAX_DIGESTS})")
     files = []
     seen: set[str] = set()
     width = _DIGEST_HEX.get(alg or "", 0)
@@ -258,7 +278,10 @@ def parse_manifest(data: bytes) -> Manifest:
 
 def read_manifest(path: Path) -> tuple[Manifest, str]:
     """(manifest, its id) read from ``path``; OSError when it cannot be read (FileNotFoundError when
-    there is none), ManifestError when it is not a valid manifest."""
-    with path.open("rb") as fh:
-        data = fh.read(_MAX_MANIFEST + 1)
+    there is none; a FIFO, device or symbolic link is refused without being opened), ManifestError
+    when it is not a valid manifest (one larger than :data:`MAX_MANIFEST_BYTES` is not read)."""
+    try:
+        data = read_regular(path, limit=MAX_MANIFEST_BYTES, follow_symlinks=False)
+    except TooLargeError as exc:
+        raise ManifestError(f"larger than any manifest: {exc.strerror}") from None
     return parse_manifest(data), manifest_id(data)

@@ -4,13 +4,20 @@ For each save the ledger records (:func:`babysitter.ledger.reader.read_saves`), 
 
 - ``verified``: its manifest is there, every listed file has its recorded size, the structure checks
   pass, and the node agent's sentinel has not found a digest mismatch in it (its verdict file,
-  :mod:`babysitter.checkpoints.verdicts`); with ``deep`` every digest is read back here too.
+  :mod:`babysitter.checkpoints.verdicts`); with ``deep`` every digest is read back here instead (what
+  was just read is fresher than a verdict, and a copied run directory carries the original's
+  verdicts file: a mismatch found in the original condemns the copy's same manifest until then).
 - ``corrupt``: one of those checks failed (the reason and the file say which).
 - ``incomplete``: the tracker promised a manifest and none was committed (the save died half-way, or
   its manifest thread found it incomplete), or the save began and never ended but its path is there.
 - ``pending``: the manifest is promised, not written yet, and the save is recent (still hashing).
-- ``missing``: the path is gone. ``unknown``: no path, a URL, or the storage cannot be read.
+- ``missing``: the path is gone. ``unknown``: no path, a URL, the storage cannot be read, or the
+  path is outside this run directory (reason ``outside``: a copied run directory's ledger naming the
+  original's checkpoint, which the copy must not vouch for; :mod:`babysitter.ledger.paths`).
 - ``sizes_only``: a save from a tracker that wrote no manifest; it exists with at least its bytes.
+
+Every path is resolved by :func:`babysitter.ledger.paths.resolve`, so a moved run directory checks the
+checkpoints where they are now. ``path`` is where it was checked, ``ledger_path`` what the ledger says.
 
 :func:`resume_point` is the newest ``verified`` one. Only when no save of the run promised or has a
 manifest (trackers older than manifests, or ``checkpoint_manifest="off"``) is it the newest
@@ -22,12 +29,14 @@ from __future__ import annotations
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from babysitter.checkpoints.manifest import manifest_path
 from babysitter.checkpoints.verdicts import Verdict, read_verdicts
 from babysitter.checkpoints.verify import check_sizes, check_structure, load_manifest, verify_checkpoint
+from babysitter.ledger.paths import OUTSIDE, SavePath, reads_for_others, resolve
 from babysitter.ledger.reader import DEFAULT_FILE_NAME, read_saves
 from babysitter.ledger.saves import SaveRecord
 
@@ -53,6 +62,8 @@ class CheckpointStatus:
     mid: str = ""
     #: The save promised or has a manifest (False: a tracker that wrote none).
     manifest: bool = True
+    #: The path as the ledger stores it (``path`` is where it is now; they differ for a moved run).
+    ledger_path: str | None = None
 
     @property
     def verified(self) -> bool:
@@ -84,16 +95,25 @@ def _size_check(path: Path, nbytes: int | None) -> tuple[str, str]:
 
 
 def _status(
-    run_dir: Path, save: SaveRecord, verdicts: dict[tuple[int, str], Verdict], now: float, deep: bool
+    save: SaveRecord,
+    verdicts: dict[tuple[int, str], Verdict],
+    now: float,
+    deep: bool,
+    paths: Callable[[SaveRecord], SavePath],
 ) -> CheckpointStatus | None:
     raw = save.path
+    where = paths(save)
+    path = where.path
 
     def status(what: str, *, manifest: bool = True, **kwargs: str) -> CheckpointStatus:
-        return CheckpointStatus(save.step, raw, save.time, what, manifest=manifest, **kwargs)
+        shown = raw if path is None else str(path)
+        return CheckpointStatus(
+            save.step, shown, save.time, what, manifest=manifest, ledger_path=raw, **kwargs
+        )
 
-    if not raw or "://" in raw:
-        return status("unknown", manifest=save.manifest, detail="no path on this host")
-    path = Path(raw) if os.path.isabs(raw) else run_dir / raw
+    if path is None or raw is None:
+        reason = "outside" if where.why.startswith(OUTSIDE) else ""
+        return status("unknown", manifest=save.manifest, reason=reason, detail=where.why)
     if not os.path.lexists(path):
         if save.state == "aborted":
             return None  # a save that died before it wrote anything: nothing to resume from or to fear
@@ -119,7 +139,7 @@ def _status(
                 problem = check_sizes(path, manifest) or check_structure(path, manifest)
         if problem is not None:
             return status("corrupt", reason=problem.reason, file=problem.file, detail=problem.detail, mid=mid)
-        verdict = verdicts.get((save.step, raw))
+        verdict = None if deep else verdicts.get((save.step, raw))  # every byte just read: fresher
         if verdict is not None and not verdict.ok and verdict.mid == mid:
             detail = f"{verdict.detail} (the node agent on {verdict.host} found it)"
             return status("corrupt", reason=verdict.reason, file=verdict.file, detail=detail, mid=mid)
@@ -135,10 +155,20 @@ def checkpoint_statuses(
     now: float | None = None,
     deep: bool = False,
     keep: int = _KEEP,
+    privileged: bool | None = None,
 ) -> list[CheckpointStatus]:
-    """The status of the run's last ``keep`` saves, oldest first (OSError when the ledger cannot be read)."""
+    """The status of the run's last ``keep`` saves, oldest first (OSError when the ledger cannot be read).
+
+    ``privileged``: checking for someone else (default: when this process is not the run directory's
+    owner, e.g. root): nothing outside the run directory is checked (:mod:`babysitter.ledger.paths`)."""
     run_dir = Path(run_dir)
     now = time.time() if now is None else now
+    if privileged is None:
+        privileged = reads_for_others(run_dir)
+
+    def paths(save: SaveRecord) -> SavePath:
+        return resolve(save.path, run_dir, origin=save.origin, privileged=privileged, file_name=file_name)
+
     by_path: dict[str, SaveRecord] = {}
     for save in read_saves(run_dir, file_name=file_name).saves(now=now, abort_after=PENDING_SECONDS):
         by_path[save.path or f"\x00step {save.step}"] = save  # a path saved again: its newest save
@@ -146,7 +176,7 @@ def checkpoint_statuses(
     verdicts = read_verdicts(run_dir)
     out = []
     for save in saves:
-        found = _status(run_dir, save, verdicts, now, deep)
+        found = _status(save, verdicts, now, deep, paths)
         if found is not None:
             out.append(found)
     return out

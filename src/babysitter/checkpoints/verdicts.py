@@ -11,17 +11,23 @@ it judged (its id): a checkpoint saved again under the same path starts clean.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from babysitter import jsonin
+from babysitter.userfiles import open_regular
 
 __all__ = ["VERDICTS_FILE", "Verdict", "append_verdict", "read_verdicts"]
 
 VERDICTS_FILE = "babysitter-verdicts.jsonl"
 _READ_TAIL = 4 << 20  # the newest verdicts are at the end; older ones are superseded anyway
 _MAX_TEXT = 512
+_MAX_LINE = 16 << 10  # a verdict line is at most ~6 KB (a 4,096-character path, 512-character texts)
 
 
 @dataclass(frozen=True)
@@ -59,19 +65,22 @@ def append_verdict(run_dir: Path, verdict: Verdict) -> None:
     if not verdict.host:
         verdict = Verdict(**{**verdict.__dict__, "host": socket.gethostname()})
     line = (json.dumps(verdict.to_json(), separators=(",", ":"), sort_keys=True) + "\n").encode()
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     fd = os.open(run_dir / VERDICTS_FILE, flags, 0o644)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device put there: never block on it
+            raise OSError(errno.EINVAL, f"{VERDICTS_FILE} is not a regular file")
         os.write(fd, line)
     finally:
         os.close(fd)
 
 
 def read_verdicts(run_dir: Path) -> dict[tuple[int, str], Verdict]:
-    """The newest verdict per ``(step, path)``; a missing or unreadable file gives none, a bad line is
-    skipped."""
+    """The newest verdict per ``(step, path)``; a missing or unreadable file gives none (a FIFO or
+    device in its place is not opened), a bad line (not JSON, nested deeper or longer than any
+    verdict) is skipped."""
     try:
-        with (run_dir / VERDICTS_FILE).open("rb") as fh:
+        with os.fdopen(open_regular(run_dir / VERDICTS_FILE), "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             fh.seek(max(0, size - _READ_TAIL))
             data = fh.read(_READ_TAIL)
@@ -79,8 +88,8 @@ def read_verdicts(run_dir: Path) -> dict[tuple[int, str], Verdict]:
         return {}
     out: dict[tuple[int, str], Verdict] = {}
     for line in data.split(b"\n"):
-        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
-            obj = json.loads(line)
+        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError, OverflowError):
+            obj = jsonin.loads(line, max_bytes=_MAX_LINE)
             step, path, ok = obj["step"], obj["path"], obj["ok"]
             if type(step) is not int or not isinstance(path, str) or not isinstance(ok, bool):
                 continue

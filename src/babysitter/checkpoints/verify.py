@@ -14,20 +14,30 @@ Three levels, cheapest first:
 What none of them can see: bytes that were wrong before the save wrote them (a GPU that computed
 garbage, a flipped bit in host memory): the manifest certifies what was written. The replica check
 (``watch(replica_check_every=N)``) is for that.
+
+Every listed file must be a regular file: it is looked at with ``lstat`` and opened without following
+a link or blocking (:func:`babysitter.userfiles.open_regular`), so a FIFO or a link in its place is a
+``missing_file`` problem, never a reader blocked forever. A chunk is never larger than
+:data:`~babysitter.checkpoints.digest.MAX_CHUNK` (a manifest with larger ones is invalid), so every
+chunk fits in a sentinel pass and no file is called verified while its chunks can never be read.
 """
 
 from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+import stat
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 from babysitter.catalog.storage import CORRUPT_REASONS
 from babysitter.checkpoints.digest import BUFFER, hash_range
 from babysitter.checkpoints.layouts import structure_problems
 from babysitter.checkpoints.manifest import Manifest, ManifestError, manifest_path, read_manifest
+from babysitter.userfiles import open_regular
 
 __all__ = [
     "REASONS",
@@ -80,11 +90,15 @@ def check_sizes(checkpoint: Path, manifest: Manifest) -> Problem | None:
     base = _base(checkpoint)
     for entry in manifest.files:
         try:
-            size = os.stat(base / entry.path).st_size
+            st = os.lstat(base / entry.path)
         except FileNotFoundError:
             return Problem("missing_file", entry.path, "listed in the manifest, not on disk")
         except OSError as exc:
             return Problem("missing_file", entry.path, f"cannot be read: {exc.strerror or exc}")
+        if not stat.S_ISREG(st.st_mode):
+            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            return Problem("missing_file", entry.path, f"listed as a file, on disk {what}")
+        size = st.st_size
         if size != entry.size:
             how = "truncated" if size < entry.size else "grown or rewritten"
             return Problem("size", entry.path, f"{size} bytes, the manifest says {entry.size} ({how})")
@@ -100,6 +114,27 @@ def check_structure(checkpoint: Path, manifest: Manifest) -> Problem | None:
     return Problem("structure", rel, why)
 
 
+class _Order(Sequence[tuple[int, int]]):
+    """``(file index, chunk index)`` pairs packed 8 bytes each (a list of tuples took ~80 bytes a
+    chunk: 40 MiB for a manifest of 524,288 digests, kept as long as the sentinel watches it)."""
+
+    def __init__(self, packed: array[int]) -> None:
+        self._packed = packed
+
+    def __len__(self) -> int:
+        return len(self._packed)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[int, int]: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[tuple[int, int]]: ...
+    def __getitem__(self, index: int | slice) -> tuple[int, int] | Sequence[tuple[int, int]]:
+        if isinstance(index, slice):
+            return [(v >> 32, v & 0xFFFFFFFF) for v in self._packed[index]]
+        value = self._packed[index]
+        return value >> 32, value & 0xFFFFFFFF
+
+
 class ChunkVerifier:
     """The digests of one checkpoint, verified a budget at a time in a fixed random order.
 
@@ -113,12 +148,18 @@ class ChunkVerifier:
         self.checkpoint = checkpoint
         self.manifest = manifest
         self.drop_cache = drop_cache
-        singles = [(i, 0) for i, f in enumerate(manifest.files) if len(f.chunks) == 1]
-        rest = [
-            (i, k) for i, f in enumerate(manifest.files) if len(f.chunks) > 1 for k in range(len(f.chunks))
-        ]
-        random.Random(seed).shuffle(rest)
-        self.order = singles + rest
+        singles = array("q", (i << 32 for i, f in enumerate(manifest.files) if len(f.chunks) == 1))
+        rest = array(
+            "q",
+            (
+                (i << 32) + k
+                for i, f in enumerate(manifest.files)
+                if len(f.chunks) > 1
+                for k in range(len(f.chunks))
+            ),
+        )
+        random.Random(seed).shuffle(rest)  # the permutation a list of the same length would get
+        self.order: Sequence[tuple[int, int]] = _Order(singles + rest)
         self.cursor = 0
         self.sweeps = 0
         self.verified_bytes = 0
@@ -173,7 +214,7 @@ class ChunkVerifier:
                 fd = fds.get(item[0])
                 if fd is None:
                     try:
-                        fd = os.open(base / entry.path, os.O_RDONLY | os.O_CLOEXEC)
+                        fd = open_regular(base / entry.path, follow_symlinks=False)
                     except FileNotFoundError:
                         return Problem(
                             "missing_file", entry.path, "listed in the manifest, not on disk"

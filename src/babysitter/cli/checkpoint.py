@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from babysitter.terminal import clean
+
 __all__ = ["register"]
 
 
@@ -53,12 +55,15 @@ def _verify(args: argparse.Namespace) -> int:
     elif manifest is not None and not problems:
         what = "sizes and headers" if args.sizes_only or manifest.alg is None else f"every {manifest.alg}"
         sys.stdout.write(
-            f"{args.path}: verified ({len(manifest.files)} files, {manifest.nbytes} bytes, step "
-            f"{manifest.step}: {what} match)\n"
+            clean(
+                f"{args.path}: verified ({len(manifest.files)} files, {manifest.nbytes} bytes, step "
+                f"{manifest.step}: {what} match)"
+            )
+            + "\n"
         )
     else:
-        for problem in problems:
-            sys.stdout.write(f"{args.path}: {problem.text()}\n")
+        for problem in problems:  # file names and details from the manifest: cleaned
+            sys.stdout.write(clean(f"{args.path}: {problem.text()}") + "\n")
     if manifest is None:
         return 2
     return 1 if problems else 0
@@ -69,7 +74,9 @@ def _manifest(args: argparse.Namespace) -> int:
 
     result = build_manifest(args.path, run=args.run, step=args.step, part_wait=0.0)
     if result.kind != "manifest":
-        sys.stderr.write(f"babysitter checkpoint manifest: {result.why or result.kind}\n")
+        sys.stderr.write(clean(f"babysitter checkpoint manifest: {result.why or result.kind}") + "\n")
         return 1
-    sys.stdout.write(f"{result.path}: {result.hashed_bytes} bytes hashed in {result.seconds:.1f} s\n")
+    sys.stdout.write(
+        clean(f"{result.path}: {result.hashed_bytes} bytes hashed in {result.seconds:.1f} s") + "\n"
+    )
     return 0

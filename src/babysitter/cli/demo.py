@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from babysitter._install import pip_install_extra
+
 __all__ = ["register", "run"]
 
 
@@ -62,7 +64,7 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="FILE",
         help="Alertmanager routing to run with, receivers pointed at the demo "
-        "(default: the repository's exporters/alertmanager.yml)",
+        "(default: the shipped exporters/alertmanager.yml)",
     )
     p.add_argument(
         "--pace",
@@ -77,13 +79,20 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the subcommand; 2 for a bad scenario or option or a missing Python package."""
-    missing = [name for name in ("torch", "rich") if importlib.util.find_spec(name) is None]
+    # Every missing package at once, each with its way in: torch first (babysitter never installs
+    # one), then the demo extra (rich, matplotlib, PyYAML for the shipped Alertmanager routing).
+    wanted = {"torch": "torch", "rich": "rich", "matplotlib": "matplotlib", "yaml": "PyYAML"}
+    missing = [name for module, name in wanted.items() if importlib.util.find_spec(module) is None]
     if missing:
-        sys.stderr.write(
-            f"babysitter demo needs {' and '.join(missing)}: install the CPU build of torch "
-            "(pip install torch==2.13.0 from PyTorch's CPU wheel index; `make env` does it) and "
-            "pip install 'babysitter[report]' for rich and matplotlib\n"
-        )
+        ways = []
+        if "torch" in missing:
+            ways.append(
+                "install torch first (the CPU build: pip install torch==2.13.0 --index-url "
+                "https://download.pytorch.org/whl/cpu; PyPI's is the CUDA build)"
+            )
+        if len(missing) > ("torch" in missing):
+            ways.append(f"add babysitter's demo extra: {pip_install_extra('demo')}")
+        sys.stderr.write(f"babysitter demo needs {', '.join(missing)}: {'; then '.join(ways)}\n")
         return 2
     from rich.console import Console
 

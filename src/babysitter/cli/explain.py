@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter import jsonout
+from babysitter.terminal import clean
 
 __all__ = ["register", "run"]
 
@@ -131,26 +132,28 @@ def run(args: argparse.Namespace) -> int:
             rules=how,
         )
     except ValueError as exc:
-        sys.stderr.write(f"babysitter explain: {exc}\n")
+        _err(str(exc))
         return 2
     except PromError as exc:
-        sys.stderr.write(f"babysitter explain: {exc}\n")
+        _err(f"{exc}{exc.advice()}")
         return 2
     if answer.tokens_per_second is None and answer.baseline_tokens_per_second is None:
-        sys.stderr.write(
-            f"babysitter explain: no series of run {args.run!r} at {args.prometheus} "
-            "in the window or its baseline\n"
-        )
+        _err(f"no series of run {args.run!r} at {args.prometheus} in the window or its baseline")
         return 1
     text = jsonout.dumps(answer.to_dict(), indent=2, sort_keys=True)
     if args.json == "-":
         sys.stdout.write(text + "\n")
         return 0
-    sys.stdout.write("\n".join(answer.lines()) + "\n")
+    # Run names, label values and rule names come from Prometheus: cleaned line by line.
+    sys.stdout.write("\n".join(clean(line) for line in answer.lines()) + "\n")
     if args.json:
         try:
             Path(args.json).write_text(text + "\n", encoding="utf-8")
         except OSError as exc:
-            sys.stderr.write(f"babysitter explain: cannot write {args.json}: {exc}\n")
+            _err(f"cannot write {args.json}: {exc}")
             return 2
     return 0
+
+
+def _err(message: str) -> None:
+    sys.stderr.write(f"babysitter explain: {clean(message)}\n")  # messages quote Prometheus' answers

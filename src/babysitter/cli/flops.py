@@ -4,13 +4,16 @@ target MFU needs on a given device, from a Hugging Face ``config.json``."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from babysitter import jsonout
+from babysitter import jsonin, jsonout
+from babysitter.terminal import clean
+from babysitter.userfiles import read_regular
 from babysitter.views.flops import render_text
+
+_MAX_CONFIG = 16 << 20  # a model config is a few KB
 
 __all__ = ["register", "run"]
 
@@ -55,11 +58,10 @@ def register(subparsers: Any) -> None:
 
 def _report(args: argparse.Namespace) -> dict[str, Any]:
     from babysitter import flops as F
-    from babysitter import hardware as hw
 
-    try:
-        config = json.loads(args.config.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    try:  # a regular file of sane size and depth (a FIFO or a 100,000-deep document: a clear error)
+        config = jsonin.loads(read_regular(args.config, limit=_MAX_CONFIG), max_bytes=_MAX_CONFIG)
+    except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read {args.config}: {exc}") from exc
     if not isinstance(config, dict):
         raise ValueError(f"{args.config} is not a JSON object")
@@ -83,8 +85,7 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
         },
     }
     if args.seq_len is None:
-        out["note"] = "FLOPs need --seq-len (the attention term grows with the training sequence length)"
-        return out
+        raise _NeedsSeqLen(_seq_len_hint(args.config, config))
     b = F.estimate_breakdown(
         config,
         seq_len=args.seq_len,
@@ -116,12 +117,7 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
             "hardware": per_token.hardware * args.batch_tokens,
         }
     if args.device:
-        entry = hw.lookup_peak(args.device, args.dtype)
-        if entry is None:
-            raise LookupError(
-                f"no dense {hw.normalize_dtype(args.dtype)} peak for device {args.device!r}; "
-                f"table rows: {', '.join(hw.PEAK_TABLE)}"
-            )
+        entry, note = _peak(args.device, args.dtype)
         targets = args.target_mfu or list(_TARGETS)
         out["device"] = {
             "name": args.device,
@@ -131,6 +127,8 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
             "source": entry.source,
             "devices": args.devices,
         }
+        if note:
+            out["device"]["note"] = note
         out["tokens_per_second_for_mfu"] = {
             f"{t:g}": {
                 "per_device": F.tokens_per_second_for_mfu(per_token.model, entry.flops_per_second, t),
@@ -147,12 +145,65 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+class _NeedsSeqLen(ValueError):
+    """No --seq-len: nothing to compute FLOPs per token from."""
+
+
+#: Config keys that give a model's context length, the usual training sequence length.
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length", "block_size")
+
+
+def _seq_len_hint(path: Path, config: dict[str, Any]) -> str:
+    context = next(
+        ((k, config[k]) for k in _CONTEXT_KEYS if isinstance(config.get(k), int) and config[k] > 0), None
+    )
+    example = context[1] if context else 4096
+    said = f" (its {context[0]} is {context[1]})" if context else ""
+    return (
+        f"FLOPs per token need --seq-len, the training sequence length (the attention term grows with "
+        f"it): e.g. babysitter flops {path} --seq-len {example}{said}"
+    )
+
+
+def _peak(device: str, dtype: str) -> tuple[Any, str]:
+    """The peak row for --device and --dtype, and the note to print with it; LookupError naming the
+    flags to pass when the table has no row (the library's own warning names Python arguments)."""
+    from babysitter import hardware as hw
+
+    key = hw.normalize_dtype(dtype)
+    match = hw.canonical_device(device)
+    if match.device is None:
+        if match.choices:
+            raise LookupError(
+                f"--device {device!r}: {match.reason}; pass one of --device "
+                f"{hw.describe_rows(match.choices, key)}"
+            )
+        close = hw.did_you_mean(device)
+        hint = f"did you mean --device {' or '.join(repr(c) for c in close)}? " if close else ""
+        raise LookupError(
+            f"no dense {key} peak for device {device!r} ({match.reason}): {hint}the table's rows: "
+            f"{', '.join(hw.PEAK_TABLE)}; or leave --device out for FLOPs without a peak"
+        )
+    row = hw.PEAK_TABLE[match.device]
+    if key not in row.peaks:
+        raise LookupError(
+            f"no dense {key} peak for device {device!r} ({row.device} has: {', '.join(row.peaks)}): "
+            f"pass one of them with --dtype"
+        )
+    entry = hw.PeakEntry(device=row.device, dtype=key, flops_per_second=row.peaks[key], source=row.source)
+    return entry, match.note
+
+
 def run(args: argparse.Namespace) -> int:
-    """Print the report; 0 on success, 1 on a bad config, device or dtype (message on stderr)."""
+    """Print the report; 0 on success, 1 on a bad config, device or dtype, 2 without --seq-len
+    (message on stderr)."""
     try:
         report = _report(args)
+    except _NeedsSeqLen as exc:
+        sys.stderr.write(clean(f"babysitter flops: {exc}") + "\n")
+        return 2
     except (ValueError, LookupError, TypeError) as exc:
-        sys.stderr.write(f"babysitter flops: {exc}\n")
+        sys.stderr.write(clean(f"babysitter flops: {exc}") + "\n")  # quotes the config's values
         return 1
     if args.json:
         sys.stdout.write(jsonout.dumps(report, indent=2, sort_keys=True) + "\n")

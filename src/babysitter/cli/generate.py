@@ -14,12 +14,11 @@ log = logging.getLogger(__name__)
 
 
 def _checkout() -> Path | None:
-    """The repository root when run from a checkout, else None."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        if (parent / "pyproject.toml").is_file() and (parent / "src" / "babysitter").is_dir():
-            return parent
-    return None
+    """The repository root when run from a checkout (editable or ``PYTHONPATH=src``), else None: a
+    copy installed into a virtual environment inside a clone writes to the current directory."""
+    from babysitter._install import checkout
+
+    return checkout()
 
 
 def _default_out() -> Path:

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from babysitter.terminal import clean
+
 __all__ = ["register", "run"]
 
 log = logging.getLogger("babysitter.probe")
@@ -107,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"--storage-path {path}: not a directory")
         report = run_probe(config)
     except (ValueError, ImportError) as exc:
-        sys.stderr.write(f"babysitter probe: {exc}\n")
+        sys.stderr.write(clean(f"babysitter probe: {exc}") + "\n")
         return 2
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return 0  # rank 0 speaks for the job
@@ -119,6 +121,6 @@ def run(args: argparse.Namespace) -> int:
             try:
                 Path(args.json).write_text(report.to_json() + "\n", encoding="utf-8")
             except OSError as exc:
-                sys.stderr.write(f"babysitter probe: cannot write {args.json}: {exc}\n")
+                sys.stderr.write(clean(f"babysitter probe: cannot write {args.json}: {exc}") + "\n")
                 return 2
     return 1 if args.fail_on_lemon and report.lemons else 0

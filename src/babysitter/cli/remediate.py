@@ -113,6 +113,16 @@ def _describe(policy: Any) -> str:
         f"at most {policy.drain_cap.fraction:.0%} of the nodes (min {policy.drain_cap.min_nodes}) "
         f"drained per {policy.drain_cap.window:g} s"
     )
+    inc = policy.incidents
+    if inc.enabled:
+        lines.append(
+            f"incidents: a bundle before every action, and for {', '.join(p.pattern for p in inc.alerts)}; "
+            f"ranks answer within {inc.limits.wait:g} s; {inc.limits.max_incidents} bundles of "
+            f"{inc.limits.max_bytes // (1024 * 1024)} MiB at most per run"
+            + (f"; hosts' incidents in {inc.dir}" if inc.dir else "")
+        )
+    else:
+        lines.append("incidents: off (no evidence bundle is gathered before acting)")
     for rule in policy.rules:
         match = ", ".join(f"{k}=~{v.pattern}" for k, v in rule.match.items())
         extra = f", after {rule.firing_for:g} s firing" if rule.firing_for else ""
@@ -152,7 +162,9 @@ def _main(args: argparse.Namespace) -> int:
         log.error("babysitter remediate: %s", exc)
         return 2
     if args.check:
-        print(_describe(policy))  # noqa: T201 - the check's output
+        from babysitter.terminal import clean
+
+        print(clean(_describe(policy), multiline=True))  # noqa: T201 - the check's output
         return 0
     if args.insecure_no_auth:
         log.warning(
@@ -170,7 +182,10 @@ def _main(args: argparse.Namespace) -> int:
     jobmap = None
     if policy.jobs.prometheus_url:
         jobmap = PrometheusJobMap(
-            policy.jobs.prometheus_url, lookback=policy.jobs.lookback, timeout=policy.jobs.timeout
+            policy.jobs.prometheus_url,
+            lookback=policy.jobs.lookback,
+            timeout=policy.jobs.timeout,
+            cluster_label=policy.cluster_label,
         )
     notes = RunNotes(policy.run_dirs) if policy.run_dirs else None
     remediator = Remediator(
@@ -181,6 +196,9 @@ def _main(args: argparse.Namespace) -> int:
         on_remediation=notes.record if notes else None,
         force_dry_run=args.dry_run,
     )
+    from babysitter.remediate.incidents import hook_for
+
+    remediator.incidents = hook_for(policy, jobmap, notes.run_dir if notes else None)
     try:
         server = WebhookServer(
             remediator,
@@ -192,7 +210,17 @@ def _main(args: argparse.Namespace) -> int:
             insecure_no_auth=args.insecure_no_auth,
         )
     except OSError as exc:
-        log.error("babysitter remediate: cannot listen on %s: %s", args.listen_address, exc)
+        from babysitter.export.server import bind_hint
+
+        hint = bind_hint(
+            exc, port, elsewhere="--listen-address HOST:PORT (HOST:0 with --port-file FILE: any free port)"
+        )
+        log.error(
+            "babysitter remediate: cannot listen on %s: %s%s",
+            args.listen_address,
+            exc,
+            f"; {hint}" if hint else "",
+        )
         return 2
     server.start()
     if args.port_file:

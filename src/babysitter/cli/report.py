@@ -16,15 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from babysitter import jsonout
+from babysitter._install import pip_install_extra
 from babysitter.checkpoints import checkpoint_statuses, resume_point
 from babysitter.ledger.advisor import ClusterRate, parse_cluster_rate
 from babysitter.ledger.reader import DEFAULT_FILE_NAME
-from babysitter.ledger.summary import summarize
+from babysitter.ledger.summary import RunSummary, summarize
+from babysitter.terminal import clean
 from babysitter.views.report import render_checkpoints, render_png, render_table
 
 __all__ = ["register", "run"]
 
-_MISSING = "babysitter report needs the 'report' extra for {what}: pip install 'babysitter[report]' ({err})"
+_MISSING = "babysitter report needs the 'report' extra for {what}: {how} ({err})"
 
 
 def register(subparsers: Any) -> None:
@@ -72,6 +74,15 @@ def register(subparsers: Any) -> None:
         default=None,
         help="GPUs of the job, to scale --cluster-rate (default: the world size the ledger recorded)",
     )
+    p.add_argument(
+        "--prometheus",
+        metavar="URL",
+        default=None,
+        help="split the slowdown by cause from the node agents' series there (GPU throttling, PCIe, "
+        "fabric on the culprit's host); without it only the ledger's straggler verdicts name a cause",
+    )
+    p.add_argument("--cluster", default="", help="with --prometheus: the run's cluster, if run names repeat")
+    p.add_argument("--timeout", type=float, default=30.0, help="with --prometheus: seconds a query")
     p.set_defaults(func=run)
 
 
@@ -108,9 +119,21 @@ def run(args: argparse.Namespace) -> int:
     if "/" in args.ledger or args.ledger in ("", ".", ".."):
         _err(f"babysitter report: --ledger must be a file name, got {args.ledger!r}")
         return 2
+    client = None
+    if args.prometheus:
+        from babysitter.prom import Deadline, PromClient
+
+        try:
+            client = PromClient(args.prometheus, timeout=args.timeout, deadline=Deadline(4 * args.timeout))
+        except ValueError as exc:
+            _err(f"babysitter report: --prometheus: {exc}")
+            return 2
     if not args.run_dir.is_dir():
         what = "not a directory" if args.run_dir.exists() else "no such directory"
         _err(f"babysitter report: {what}: {args.run_dir} (give the run directory, where the ledger is)")
+        return 1
+    if not (args.run_dir / args.ledger).exists():
+        _err(_no_ledger(args.run_dir, args.ledger))
         return 1
     try:
         summary = summarize(
@@ -126,9 +149,15 @@ def run(args: argparse.Namespace) -> int:
         _err(f"babysitter report: cannot read the ledger in {args.run_dir}: {exc}")
         return 2
     if summary.state == "empty":
-        _err(
-            f"babysitter report: no ledger records in {summary.ledger}{_elsewhere(args.run_dir, args.ledger)}"
+        skipped = summary.invalid_lines + summary.torn_lines + summary.fenced_lines
+        why = (
+            f"{skipped} line(s) skipped as invalid, torn or fenced: the file is not a ledger "
+            "babysitter wrote, or it was damaged"
+            if skipped
+            else "yet (rank 0 writes the first when training starts)"
         )
+        where = _elsewhere(args.run_dir, args.ledger)
+        _err(f"babysitter report: no ledger records in {summary.ledger} {why}{where}")
         return 1
     try:
         statuses = checkpoint_statuses(args.run_dir, file_name=args.ledger, now=args.now, deep=args.verify)
@@ -136,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
         _err(f"babysitter report: cannot check the checkpoints of {args.run_dir}: {exc}")
         statuses = []
     resume = resume_point(statuses)
+    if client is not None:
+        _attribute(summary, client, args.cluster)
     if args.json:
         out = summary.to_json()
         checkpoints = out.setdefault("checkpoints", {})
@@ -148,13 +179,13 @@ def run(args: argparse.Namespace) -> int:
             render_table(summary)
             render_checkpoints(statuses, resume)
         except ImportError as exc:
-            _err(_MISSING.format(what="the table", err=exc))
+            _err(_MISSING.format(what="the table", how=pip_install_extra("report"), err=exc))
             return 2
     if args.png is not None:
         try:
             render_png(summary, args.png, now=args.now)
         except ImportError as exc:
-            _err(_MISSING.format(what="--png", err=exc))
+            _err(_MISSING.format(what="--png", how=pip_install_extra("report"), err=exc))
             return 2
         except OSError as exc:
             _err(f"babysitter report: cannot write {args.png}: {exc}")
@@ -162,6 +193,21 @@ def run(args: argparse.Namespace) -> int:
         said = f"wrote {args.png} (timeline: incarnations, badput by cause, step time, MFU)\n"
         (sys.stderr if args.json else sys.stdout).write(said)  # --json keeps stdout JSON
     return 0
+
+
+def _attribute(summary: RunSummary, client: Any, cluster: str) -> None:
+    """Refine the slowdown split from Prometheus; a failure is said on stderr and in the split's note
+    (the ledger's report stands without it)."""
+    from babysitter.explain.slowdown import attribute
+    from babysitter.prom import PromError
+
+    if summary.slowdown is None or not summary.slowdown.episodes:
+        return
+    try:
+        summary.slowdown = attribute(client, summary.slowdown, summary.run, cluster=cluster)
+    except PromError as exc:
+        _err(f"babysitter report: the slowdown's causes stay the ledger's: {exc}")
+        summary.slowdown.note = f"Prometheus not used ({exc}); {summary.slowdown.note}"
 
 
 def _elsewhere(run_dir: Path, file_name: str) -> str:
@@ -176,5 +222,16 @@ def _elsewhere(run_dir: Path, file_name: str) -> str:
     return "; the ledger is in " + ", ".join(str(p) for p in found[:3]) + f": babysitter report {found[0]}"
 
 
+def _no_ledger(run_dir: Path, file_name: str) -> str:
+    """What to do when ``run_dir`` holds no ledger: what writes one, and where one may be instead."""
+    elsewhere = _elsewhere(run_dir, file_name)
+    named = "" if file_name == DEFAULT_FILE_NAME else " (the name --ledger gave)"
+    return (
+        f"babysitter report: no ledger in {run_dir}: it has no {file_name}{named}. A run writes its ledger "
+        f"there when its training script calls babysitter.watch(..., run_dir=...) with this directory "
+        f"(rank 0, next to the checkpoints); give the run_dir that run used" + (elsewhere or ".")
+    )
+
+
 def _err(message: str) -> None:
-    sys.stderr.write(message + "\n")
+    sys.stderr.write(clean(message) + "\n")  # paths and errors name files others made

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter import jsonout
+from babysitter.terminal import clean
 
 __all__ = ["register", "run"]
 
@@ -88,18 +89,15 @@ def run(args: argparse.Namespace) -> int:
             step=args.step,
         )
     except ValueError as exc:
-        sys.stderr.write(f"babysitter scorecard: {exc}\n")
+        _err(str(exc))
         return 2
     try:
         card = build_scorecard(client, queries, at=args.at)
     except PromError as exc:
-        sys.stderr.write(f"babysitter scorecard: {exc}\n")
+        _err(f"{exc}{exc.advice()}")
         return 2
     if not card.clusters:
-        sys.stderr.write(
-            f"babysitter scorecard: no series with a {args.by!r} label in the last {args.window} "
-            f"at {args.prometheus}\n"
-        )
+        _err(f"no series with a {args.by!r} label in the last {args.window} at {args.prometheus}")
         return 1
     text = jsonout.dumps(card.to_dict(), indent=2, sort_keys=True)
     if args.json == "-":
@@ -112,9 +110,13 @@ def run(args: argparse.Namespace) -> int:
         if args.png:
             render_png(card, args.png)
     except OSError as exc:
-        sys.stderr.write(f"babysitter scorecard: cannot write output: {exc}\n")
+        _err(f"cannot write output: {exc}")
         return 2
     except ImportError as exc:
-        sys.stderr.write(f"babysitter scorecard: --png needs matplotlib ({exc})\n")
+        _err(f"--png needs matplotlib ({exc})")
         return 2
     return 0
+
+
+def _err(message: str) -> None:
+    sys.stderr.write(f"babysitter scorecard: {clean(message)}\n")  # messages quote Prometheus' answers

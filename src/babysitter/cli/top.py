@@ -58,7 +58,9 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the subcommand: 0, 1 when a --once frame got nothing from any source, 2 for bad arguments."""
     if importlib.util.find_spec("rich") is None:
-        sys.stderr.write("babysitter top needs rich: pip install 'babysitter[report]'\n")
+        from babysitter._install import pip_install_extra
+
+        sys.stderr.write(f"babysitter top needs rich, in the report extra: {pip_install_extra('report')}\n")
         return 2
     from babysitter.views.top import MetricsSource, PrometheusSource, Source, run_top
 

@@ -37,6 +37,11 @@ class Page:
     labels: dict[str, str] = field(default_factory=dict)
     summary: str = ""
     receiver: str = ""
+    #: Which notification (webhook request) it came in, numbered from 1 as they arrive: alerts that
+    #: Alertmanager grouped into one notification share it.
+    notification: int = 0
+    #: The alert's annotations (bounded), for a reader that looks past the summary.
+    annotations: dict[str, str] = field(default_factory=dict)
 
     def subject(self) -> str:
         """The labels that say what the page is about."""
@@ -44,7 +49,7 @@ class Page:
         return " ".join(f"{k}={self.labels[k]}" for k in keys if k in self.labels)
 
 
-def parse_notification(body: object, received: float) -> list[Page]:
+def parse_notification(body: object, received: float, notification: int = 0) -> list[Page]:
     """The pages in an Alertmanager webhook payload (version 4); ValueError when it is not one."""
     if not isinstance(body, dict) or not isinstance(body.get("alerts"), list):
         raise ValueError("not an Alertmanager webhook payload (no 'alerts' list)")
@@ -53,8 +58,10 @@ def parse_notification(body: object, received: float) -> list[Page]:
     for alert in body["alerts"]:
         if not isinstance(alert, dict):
             raise ValueError("an alert is not an object")
-        labels = {str(k): str(v)[:200] for k, v in (alert.get("labels") or {}).items()}
-        annotations = alert.get("annotations") or {}
+        raw_labels, annotations = alert.get("labels") or {}, alert.get("annotations") or {}
+        if not isinstance(raw_labels, dict) or not isinstance(annotations, dict):
+            raise ValueError("an alert's labels or annotations are not an object")
+        labels = {str(k): str(v)[:200] for k, v in raw_labels.items()}
         pages.append(
             Page(
                 received=received,
@@ -64,6 +71,8 @@ def parse_notification(body: object, received: float) -> list[Page]:
                 labels=labels,
                 summary=str(annotations.get("summary", ""))[:500],
                 receiver=receiver,
+                notification=notification,
+                annotations={str(k)[:100]: str(v)[:2000] for k, v in list(annotations.items())[:20]},
             )
         )
     return pages
@@ -77,6 +86,7 @@ class PagerServer:
         self._lock = threading.Lock()
         self._on_page = on_page
         self.rejected = 0
+        self._notifications = 0
         pager = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -86,7 +96,8 @@ class PagerServer:
                     self._answer(413 if length else 400)
                     return
                 try:
-                    pages = parse_notification(json.loads(self.rfile.read(length)), time.time())
+                    body = json.loads(self.rfile.read(length))
+                    pages = parse_notification(body, time.time(), pager._number())
                 except (ValueError, UnicodeDecodeError) as exc:
                     pager._reject(exc)
                     self._answer(400)
@@ -118,6 +129,11 @@ class PagerServer:
         """Serve in the background."""
         self._thread.start()
         return self
+
+    def _number(self) -> int:
+        with self._lock:
+            self._notifications += 1
+            return self._notifications
 
     def _reject(self, exc: Exception) -> None:
         with self._lock:

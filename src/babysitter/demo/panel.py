@@ -14,8 +14,10 @@ import time
 from typing import Any
 
 from babysitter.demo.scenario import DemoEvent
-from babysitter.views.top import Frame
+from babysitter.terminal import clean
+from babysitter.views.top import AlertRow, Frame
 from babysitter.views.top.cells import pct, secs
+from babysitter.views.top.screen import differing_labels
 
 __all__ = ["MAX_ALERTS", "MAX_HEIGHT", "panel"]
 
@@ -25,12 +27,37 @@ MAX_ALERTS = 4
 MAX_HEIGHT = 14
 _WIDTH = 80
 _NAME = 12
-_ALERT = 26
-_ABOUT = 16
+#: The alert table's widths: 22 + 7 (state) + 8 (severity) + 26 + 5 (for) + 4 x 2 (gaps) = 76.
+_ALERT = 22
+_ABOUT = 26
+_SUBJECT = ("run", "gpu", "xid")
 
 
 def _bounded(text: str, limit: int) -> str:
+    """``text`` (a name from Prometheus: no control characters, see :func:`clean`) cut to ``limit``."""
+    text = clean(text)
     return text if len(text) <= limit else text[: limit - 1] + "~"
+
+
+def _abouts(alerts: list[AlertRow]) -> list[str]:
+    """What each alert is about: its run, GPU and Xid, and for alerts that would read the same (a GPU
+    throttled for two reasons) the label that tells them apart: ``gpu=6 reason=hw_slowdown``, or its
+    value alone (``gpu=6 hw_thermal_slowdown``) where the name would not fit."""
+    base = [" ".join(f"{k}={a.labels[k]}" for k in _SUBJECT if k in a.labels) for a in alerts]
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, a in enumerate(alerts):
+        groups.setdefault((a.name, base[i]), []).append(i)
+    out = list(base)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        differ = differing_labels([alerts[i] for i in members])
+        named = {i: [base[i], *(f"{k}={alerts[i].labels.get(k, '')}" for k in differ)] for i in members}
+        bare = {i: [base[i], *(alerts[i].labels.get(k, "") for k in differ)] for i in members}
+        fits = all(len(" ".join(named[i])) <= _ABOUT for i in members)
+        for i in members:
+            out[i] = " ".join(named[i] if fits else bare[i]).strip()
+    return out
 
 
 def _table(*columns: str, left: int = 1) -> Any:
@@ -78,10 +105,10 @@ def panel(frame: Frame | None, next_event: DemoEvent | None, *, t0: float, durat
         nodes = _table("node", "GPUs up", "lost", "Xid x count", "max temp", "util")
         for node in frame.nodes[:1]:
             nodes.add_row(
-                _bounded(node.instance, 21),
+                Text(_bounded(node.instance, 21)),
                 Text(f"{node.gpus_up}/{node.gpus}", style="bold red" if node.lost else "green"),
                 Text(_bounded(",".join(node.lost) or "-", 8), style="bold red" if node.lost else ""),
-                _bounded(" ".join(f"{c}x{n}" for c, n in sorted(node.xids.items())) or "-", 14),
+                Text(_bounded(" ".join(f"{c}x{n}" for c, n in sorted(node.xids.items())) or "-", 14)),
                 "-" if node.max_temperature is None else f"{node.max_temperature:.0f}C",
                 pct(node.mean_utilization),
             )
@@ -89,12 +116,16 @@ def panel(frame: Frame | None, next_event: DemoEvent | None, *, t0: float, durat
         if frame.alerts:
             alerts = _table("alert", "state", "severity", "about", "for", left=4)
             ordered = sorted(frame.alerts, key=lambda a: (a.state != "firing", a.severity != "critical"))
-            for a in ordered[:MAX_ALERTS]:
-                about = " ".join(f"{k}={a.labels[k]}" for k in ("run", "gpu", "xid") if k in a.labels)
+            for a, about in list(zip(ordered, _abouts(ordered), strict=True))[:MAX_ALERTS]:
                 since = "-" if a.since is None else secs(max(0.0, frame.time - a.since))
                 style = "bold red" if a.state == "firing" and a.severity == "critical" else None
                 alerts.add_row(
-                    _bounded(a.name, _ALERT), a.state, a.severity, _bounded(about, _ABOUT), since, style=style
+                    Text(_bounded(a.name, _ALERT)),
+                    Text(_bounded(a.state, 8)),
+                    Text(_bounded(a.severity, 8)),
+                    Text(_bounded(about, _ABOUT)),
+                    since,
+                    style=style,
                 )
             parts.append(alerts)
             if len(ordered) > MAX_ALERTS:

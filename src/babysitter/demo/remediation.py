@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEMO_JOB", "AuditTail", "describe", "remediate_policy", "write_job_map"]
+from babysitter.demo.stack import Stack, write_json
+
+__all__ = ["DEMO_JOB", "AuditTail", "describe", "remediate_policy", "start_dry_run", "write_job_map"]
 
 #: The Slurm job id the demo's training stands for (written into the node agent's job map).
 DEMO_JOB = "4242"
@@ -49,6 +54,36 @@ def remediate_policy(*, audit_log: Path, prometheus_url: str, cluster: str) -> d
             }
         ],
     }
+
+
+def start_dry_run(
+    stack: Stack, folder: Path, policy: dict[str, Any]
+) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """Start ``babysitter remediate --dry-run`` on ``policy`` as ``stack``'s "remediate", on a loopback
+    port of its choosing, with a fresh bearer token (0600) and a ``PATH`` without any scheduler command
+    (so not even a read-only check reaches a real cluster from this machine).
+
+    Returns the process, the token file and the file its address will be written to."""
+    no_scheduler = folder / "no-scheduler-bin"
+    no_scheduler.mkdir(parents=True, exist_ok=True)
+    token = folder / "token"
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_urlsafe(32) + "\n")
+    path = write_json(folder / "policy.json", policy)
+    port_file = folder / "remediate.addr"
+    proc = stack.start(
+        "remediate",
+        [
+            sys.executable, "-m", "babysitter", "remediate", "--dry-run",
+            "--policy", str(path),
+            "--listen-address", "127.0.0.1:0",
+            "--port-file", str(port_file),
+            "--token-file", str(token),
+        ],
+        env={**os.environ, "PATH": str(no_scheduler)},
+    )  # fmt: skip
+    return proc, token, port_file
 
 
 def write_job_map(directory: Path, gpus: int, job: str = DEMO_JOB) -> None:

@@ -1,7 +1,8 @@
 """The demo's Alertmanager configuration: the shipped production routing, pointed at the demo.
 
-The demo routes alerts with ``exporters/alertmanager.yml`` (or a file the user gives): its severity
-routes, grouping and inhibitions unchanged, so the demo pages what production would page and no
+The demo routes alerts with the shipped ``exporters/alertmanager.yml`` (package data,
+``babysitter/data/alertmanager.yml``, so an installed package has it too) or a file the user gives: its
+severity routes, grouping and inhibitions unchanged, so the demo pages what production would page and no
 more. Only three things change, at runtime: every receiver becomes a webhook to the demo's own
 receiver (``/<receiver name>``, so the screen can say which receiver each alert went to), the
 grouping waits shrink to seconds (the fast profile's pace; production waits 30 s and 5 min), and
@@ -13,12 +14,16 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
+from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from babysitter._install import pip_install_extra
 
 __all__ = [
     "DEMO_GROUP_INTERVAL",
     "DEMO_GROUP_WAIT",
+    "DEMO_REMEDIATED",
     "REMEDIATE_RECEIVER",
     "RoutingError",
     "demo_alertmanager_config",
@@ -38,8 +43,9 @@ class RoutingError(ValueError):
 
 
 def shipped_routing() -> Path | None:
-    """``exporters/alertmanager.yml`` of the source tree this package runs from (None: not a checkout)."""
-    path = Path(__file__).resolve().parents[3] / "exporters" / "alertmanager.yml"
+    """The production routing shipped in the package (``exporters/alertmanager.yml`` links to it);
+    None when the installation lacks it."""
+    path = Path(str(resources.files("babysitter") / "data" / "alertmanager.yml"))
     return path if path.is_file() else None
 
 
@@ -49,7 +55,7 @@ def load_routing(path: Path) -> dict[str, Any]:
         import yaml
     except ImportError as exc:
         raise RoutingError(
-            "reading the Alertmanager routing needs PyYAML: pip install 'babysitter[demo]'"
+            f"reading the Alertmanager routing needs PyYAML, in the demo extra: {pip_install_extra('demo')}"
         ) from exc
     try:
         data = yaml.safe_load(path.read_text())
@@ -83,16 +89,23 @@ def _receivers(route: Mapping[str, Any]) -> set[str]:
     return found
 
 
+#: The alerts the demo's remediator gets (its policy acts on GPU alerts).
+DEMO_REMEDIATED = 'alertname=~"Gpu.*"'
+
+
 def demo_alertmanager_config(
     routing: Mapping[str, Any],
     webhook_url: Callable[[str], str],
     remediate_url: str | None = None,
     *,
     remediate_token: Path | None = None,
+    shorten: bool = True,
+    remediated: str = DEMO_REMEDIATED,
 ) -> dict[str, Any]:
     """``routing`` with every receiver a webhook to ``webhook_url(name)`` (resolutions too), the
-    grouping waits of the demo, and, with ``remediate_url``, GPU alerts to the remediator first,
-    sending the token in ``remediate_token`` (a file: Alertmanager's ``credentials_file``)."""
+    grouping waits of the demo (``shorten``; else the routing's own), and, with ``remediate_url``,
+    the alerts ``remediated`` matches to the remediator first, sending the token in
+    ``remediate_token`` (a file: Alertmanager's ``credentials_file``)."""
     config: dict[str, Any] = {
         key: copy.deepcopy(value) for key, value in routing.items() if key in ("global", "route")
     }
@@ -105,12 +118,13 @@ def demo_alertmanager_config(
         if r["name"] in used
     ]
     route = config["route"]
-    _shorten(route, root=True)
+    if shorten:
+        _shorten(route, root=True)
     if remediate_url is not None:
         route["routes"] = [
             {
                 "receiver": REMEDIATE_RECEIVER,
-                "matchers": ['alertname=~"Gpu.*"'],
+                "matchers": [remediated],
                 "group_by": ["alertname", "cluster", "instance", "gpu"],
                 "continue": True,
             },

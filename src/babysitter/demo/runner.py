@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import secrets
 import signal
 import sys
 import tempfile
@@ -24,13 +22,14 @@ import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from babysitter.demo.closing import FaultResult
 from babysitter.demo.explainer import EXPLAINED_EVENTS, FaultExplainer
 from babysitter.demo.pager import Page, PagerServer
-from babysitter.demo.remediation import AuditTail, describe, remediate_policy, write_job_map
+from babysitter.demo.remediation import AuditTail, describe, remediate_policy, start_dry_run, write_job_map
 from babysitter.demo.routing import RoutingError, demo_alertmanager_config, load_routing, shipped_routing
 from babysitter.demo.scenario import PROCESS_EVENTS, DemoEvent, Scenario
 from babysitter.demo.stack import (
@@ -43,9 +42,11 @@ from babysitter.demo.stack import (
     write_json,
 )
 from babysitter.demo.view import DemoView
+from babysitter.terminal import clean
 
 __all__ = [
     "COLLECTOR_TIMEOUT",
+    "HEARTBEATS",
     "TRAINER_TIMEOUT",
     "DemoOptions",
     "FaultResult",
@@ -84,20 +85,12 @@ class DemoOptions:
     strict: bool = False
     pace: float = 0.1
     checkpoint_interval: float = 10.0
-    #: Alertmanager routing to run with (default: the repository's exporters/alertmanager.yml).
+    #: Alertmanager routing to run with (default: the shipped exporters/alertmanager.yml).
     alertmanager_config: Path | None = None
 
 
-@dataclass(frozen=True)
-class FaultResult:
-    """A scripted fault and, for each alert it must cause, the delay of its first page (None: none)."""
-
-    event: DemoEvent
-    pages: dict[str, float | None]
-    #: For each alert that arrived, the receivers its first notifications went to (pager, chat...).
-    receivers: dict[str, tuple[str, ...]] = field(default_factory=dict)
-
-
+#: Alerts that fire always, by design (the dead man's switch heartbeat): never a fault's page.
+HEARTBEATS = frozenset({"Watchdog"})
 #: Notifications of one alert this close to its first one count as the same delivery (one per receiver).
 _SAME_DELIVERY = 10.0
 
@@ -142,7 +135,7 @@ def unscripted(events: tuple[DemoEvent, ...], pages: list[Page]) -> dict[str, tu
     expected = {name for event in events for name in event.expect}
     out: dict[str, tuple[str, set[str]]] = {}
     for page in pages:
-        if page.status == "firing" and page.name not in expected:
+        if page.status == "firing" and page.name not in expected and page.name not in HEARTBEATS:
             out.setdefault(page.name, (page.severity, set()))[1].add(page.receiver)
     return {name: (severity, tuple(sorted(r))) for name, (severity, r) in sorted(out.items())}
 
@@ -249,6 +242,8 @@ class _Demo:
         self.remediations: list[tuple[str, str]] = []
         #: Explains the throttle faults on screen (None: no Prometheus).
         self.explainer: FaultExplainer | None = None
+        #: Heartbeat notifications (Watchdog) received.
+        self.heartbeats = 0
         #: The simulated GPU the CPU training claims in train_info: the first throttled one, else 0.
         throttled = [e.gpu for e in self.scenario.events if e.event == "throttle" and e.gpu is not None]
         self.claimed_gpu = throttled[0] if throttled else 0
@@ -259,9 +254,18 @@ class _Demo:
         if self.view is not None:
             self.view.say(text, style)
         else:
-            self.console.print(text, style=style, highlight=False, markup=False)
+            self.console.print(clean(text), style=style, highlight=False, markup=False)
 
     def _on_page(self, page: Page) -> None:
+        if page.name in HEARTBEATS:
+            # The dead man's switch heartbeat repeats every minute: said once, then counted.
+            self.heartbeats += 1
+            if self.heartbeats == 1:
+                self.say(
+                    f"{page.name} heartbeat reached receiver {page.receiver or '?'}: the whole alerting path "
+                    "works (an external dead man's switch pages when the heartbeats stop)"
+                )
+            return
         if self.view is not None:
             self.view.page(page)
         else:
@@ -357,8 +361,8 @@ class _Demo:
         path = self.o.alertmanager_config or shipped_routing()
         if path is None:
             raise StackError(
-                "no exporters/alertmanager.yml next to this installation (not a source checkout): "
-                "pass --alertmanager-config FILE, your Alertmanager routing"
+                "this installation lacks its babysitter/data/alertmanager.yml (reinstall babysitter), "
+                "or pass --alertmanager-config FILE, your Alertmanager routing"
             )
         try:
             routing = load_routing(path)
@@ -373,30 +377,10 @@ class _Demo:
         unauthenticated request."""
         assert self.prometheus_url is not None
         rem_dir = self.workdir / "remediate"
-        no_scheduler = rem_dir / "no-scheduler-bin"  # its PATH: no Slurm command, on any machine
-        no_scheduler.mkdir(parents=True, exist_ok=True)
-        token = rem_dir / "token"
-        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(secrets.token_urlsafe(32) + "\n")
-        self.remediate_token = token
         audit = rem_dir / "audit.jsonl"
-        policy = write_json(
-            rem_dir / "policy.json",
-            remediate_policy(audit_log=audit, prometheus_url=self.prometheus_url, cluster=CLUSTER),
-        )
-        port_file = rem_dir / "remediate.addr"
-        proc = self.stack.start(
-            "remediate",
-            [
-                sys.executable, "-m", "babysitter", "remediate", "--dry-run",
-                "--policy", str(policy),
-                "--listen-address", "127.0.0.1:0",
-                "--port-file", str(port_file),
-                "--token-file", str(token),
-            ],
-            env={**os.environ, "PATH": str(no_scheduler)},
-        )  # fmt: skip
+        policy = remediate_policy(audit_log=audit, prometheus_url=self.prometheus_url, cluster=CLUSTER)
+        proc, token, port_file = start_dry_run(self.stack, rem_dir, policy)
+        self.remediate_token = token
         address = self._address("remediate", proc, port_file, "babysitter remediate")
         self.audit = AuditTail(audit)
         self.remediate_url = f"http://{address}/alerts"
@@ -612,7 +596,10 @@ class _Demo:
         )
 
     def _explained(self, line: str) -> None:
-        self.say(line, style="bold cyan")
+        # From the explainer's thread, whenever an answer comes: held with the pages once the closing
+        # output begins (explained_summary prints every explanation again after the fault table).
+        if self.view is not None:
+            self.view.say(line, style="bold cyan", live=True)
 
     def explained_summary(self) -> None:
         """The explanations, again, after the fault table; faults explained too late are said so."""
@@ -621,7 +608,7 @@ class _Demo:
         self.explainer.close(wait=EXPLAIN_GRACE)
         shown = {id(r.event) for r in self.explainer.results}
         for result in self.explainer.results:
-            self.console.print(result.line(), highlight=False, markup=False)
+            self.console.print(clean(result.line()), highlight=False, markup=False)  # Prometheus' labels
             self.console.print(
                 f"  asked from a shell (while the stack runs: --keep): {self.explainer.command(result)}",
                 highlight=False,
@@ -649,34 +636,15 @@ class _Demo:
         )
 
     def fault_table(self) -> list[FaultResult]:
-        from rich.table import Table
+        from babysitter.demo.closing import fault_table, unscripted_table
 
         pages = self.pager.snapshot() if self.pager else []
         results = match_pages(self.scenario.events, pages, self.t0)
-        table = Table(title="Scripted faults: the alerts they must cause, and where each went")
-        for col in ("at", "fault", "alert", "went to", "after"):
-            # Folded, never cut: at 80 columns an alert name wraps rather than losing its end.
-            table.add_column(col, justify="right" if col in ("at", "after") else "left", overflow="fold")
-        for r in results:
-            if not r.pages:
-                table.add_row(f"{r.event.at:g}s", r.event.describe(), "-", "-", "-")
-            for name, delay in r.pages.items():
-                if self.pager is None:
-                    cell, went = "no pager", "-"
-                else:
-                    cell = "[bold red]not sent[/]" if delay is None else f"{delay:.1f}s"
-                    went = ", ".join(r.receivers.get(name, ())) or "-"
-                table.add_row(f"{r.event.at:g}s", r.event.describe(), name, went, cell)
-        self.console.print(table)
+        self.console.print(fault_table(results, pager=self.pager is not None))
         if self.pager is not None:
             others = unscripted(self.scenario.events, pages)
             if others:
-                extra = Table(title="Alerts no scripted fault caused")
-                for col in ("alert", "severity", "went to"):
-                    extra.add_column(col, overflow="fold")
-                for name, (severity, receivers) in others.items():
-                    extra.add_row(name, severity, ", ".join(receivers))
-                self.console.print(extra)
+                self.console.print(unscripted_table(others))
             else:
                 self.console.print("No alert arrived that no scripted fault caused.", highlight=False)
             if self.routing_path is not None:
@@ -714,8 +682,10 @@ class _Demo:
             f"{t.restarts} restart(s), {lost:.1f}s lost progress); ledger state {summary.state}",
             highlight=False,
         )  # fmt: skip
-        self.console.print(f"report PNG: {png_text}", highlight=False)
-        self.console.print(f"same table any time: babysitter report {self.run_dir}", highlight=False)
+        self.console.print(clean(f"report PNG: {png_text}"), highlight=False, markup=False)
+        self.console.print(
+            f"same table any time: babysitter report {self.run_dir}", highlight=False, markup=False
+        )
         return float(t.goodput)
 
     def keep_message(self) -> None:
@@ -785,6 +755,7 @@ def run_demo(options: DemoOptions, console: Any) -> int:
                 demo.say("scenario over: stopping the training cleanly")
                 demo.stack.stop("trainer", grace=30)
             demo.wait_for_pages()
+            demo.view.hold()  # the closing tables and the report end the output: no page after them
             results = demo.fault_table()
             demo.remediation_summary()
             demo.explained_summary()
@@ -799,14 +770,17 @@ def run_demo(options: DemoOptions, console: Any) -> int:
                 code = 3
             if options.keep:
                 demo.keep_message()
+                demo.view.hold(False)
                 while True:
                     time.sleep(1)
         except KeyboardInterrupt:
             console.print("\nbabysitter demo: interrupted, stopping everything it started")
             code = 130
         except (StackError, OSError) as exc:
-            console.print(f"babysitter demo: {exc}", style="bold red", highlight=False)
-            console.print(f"logs: {demo.stack.logs}", highlight=False)
+            # A stack error may quote a process's log (label values, paths): cleaned, not markup.
+            message = clean(f"babysitter demo: {exc}", multiline=True)
+            console.print(message, style="bold red", highlight=False, markup=False)
+            console.print(f"logs: {demo.stack.logs}", highlight=False, markup=False)
             code = 1
         finally:
             # Cleanup is short and bounded (SIGTERM, then SIGKILL after the grace); a second Ctrl-C

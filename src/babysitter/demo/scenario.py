@@ -60,8 +60,10 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "freeze": ("TrainingStalled",),
     "kill": ("TrainingProcessExited",),
     "nan_loss": ("TrainingNonFiniteLoss",),
-    "xid79": ("GpuXidCritical", "GpuDown"),
-    "xid48": ("GpuXidCritical", "GpuEccUncorrectable"),
+    # One page per GPU fault: the paging Xid inhibits the GPU's GpuDown (exporters/alertmanager.yml);
+    # Xid 48's action is a workflow (a warning), its page the uncorrectable ECC error.
+    "xid79": ("GpuXidCritical",),
+    "xid48": ("GpuEccUncorrectable",),
     "lost": ("GpuDown",),
 }
 

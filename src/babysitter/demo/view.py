@@ -16,6 +16,7 @@ from typing import Any
 
 from babysitter.demo.pager import Page
 from babysitter.demo.scenario import DemoEvent
+from babysitter.terminal import clean
 from babysitter.views.top import Frame, RunRow
 
 __all__ = ["INDENT", "DemoView", "receiver_verb", "wrapped"]
@@ -79,6 +80,9 @@ class DemoView:
         self._frame: Frame | None = None
         self._next: DemoEvent | None = None
         self._pages: list[Page] = []
+        #: Pages still arrive after the scenario (a RESOLVED as the stack stops): once the closing
+        #: tables and the report print, nothing more does.
+        self._held = False
         self._last_status = 0.0
 
     def _clock(self, at: float | None = None) -> str:
@@ -102,22 +106,34 @@ class DemoView:
                 self._live = None
 
     def _print(self, line: str, style: str | None) -> None:
+        line = clean(line)  # alert labels and summaries come from Alertmanager: no control characters
         text = wrapped(line, self.console.width) if self.wrap else line
         self.console.print(text, style=style, soft_wrap=True, highlight=False, markup=False)
 
-    def say(self, text: str, style: str | None = None) -> None:
-        """A timestamped line (plain text: no markup)."""
+    def say(self, text: str, style: str | None = None, *, live: bool = False) -> None:
+        """A timestamped line (plain text: no markup); ``live``: one that happened on its own (an
+        explanation), not printed once :meth:`hold` holds the pages."""
         with self._lock:
+            if live and self._held:
+                return
             self._print(f"{self._clock()} {text}", style)
 
     def event(self, event: DemoEvent) -> None:
         """A scripted fault happens now."""
         self.say(f"FAULT {event.describe()}", style="bold yellow")
 
+    def hold(self, held: bool = True) -> None:
+        """Stop printing pages (they are still kept), before the closing tables and the report;
+        ``hold(False)`` prints the ones that come later again (``--keep``: the stack runs on)."""
+        with self._lock:
+            self._held = held
+
     def page(self, page: Page) -> None:
         """A notification arrived from Alertmanager, for the receiver it names (pager: ``PAGE``)."""
         with self._lock:
             self._pages.append(page)
+            if self._held:
+                return
             verb = receiver_verb(page.receiver)
             # Which receiver, unless the line already says: the infra pager is plain PAGE, chat is CHAT.
             to = f" (to {page.receiver})" if page.receiver not in ("", "pager") else ""

@@ -23,8 +23,10 @@ from babysitter.explain.integrity import CAUSES as INTEGRITY_CAUSES
 from babysitter.explain.integrity import TEAMS as INTEGRITY_TEAMS
 from babysitter.explain.integrity import integrity_causes
 from babysitter.explain.queries import ExplainQueries
+from babysitter.explain.slowdown import attribute_episode
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.rules import LIKELY_CAUSES
+from babysitter.ledger.slowcause import Episode
 from babysitter.prom import PromClient, Sample, finite
 
 __all__ = ["CAUSES", "TEAMS", "Cause", "Evidence", "Explanation", "explain"]
@@ -130,6 +132,8 @@ class Explanation:
     alerts: list[str] = field(default_factory=list)
     #: How the rules' names were chosen (the loaded rules' profile or rate window), when it was read.
     rules: str = ""
+    #: The ledger's slowdown in the window and what caused it (explain/slowdown.py); empty when none.
+    slowdown: dict[str, Any] = field(default_factory=dict)
 
     @property
     def window_seconds(self) -> float:
@@ -218,6 +222,13 @@ class Explanation:
         out = [f"{head} {', '.join(parts)}"]
         if self.rules:
             out.append(f"(rules: {self.rules})")
+        if self.slowdown:
+            where = f" {self.slowdown['where']}" if self.slowdown.get("where") else ""
+            out.append(
+                f"the ledger booked {self.slowdown['seconds']:.0f} s of slowdown in the window (steps beyond "
+                f"the ideal step time): {self.slowdown['cause']}{where}"
+            )
+            out.extend(f"     {line}" for line in self.slowdown.get("evidence", []))
         if not self.causes:
             out.append("nothing found. Checked: " + "; ".join(f"{k}: {v}" for k, v in self.checked.items()))
             return out
@@ -346,6 +357,8 @@ class _Scan:
         self.q, self.ask = q, ask
         self.t0, self.t1, self.W, self.B = end - window, end, window, baseline
         self.causes: list[Cause] = []
+        #: Causes listed only because their alert fired, their own check having seen nothing.
+        self._alert_only: set[int] = set()
         self.checked: dict[str, str] = {}
         self.min_seconds = max(1.0, 0.02 * window)
 
@@ -398,13 +411,18 @@ class _Scan:
         self._loss()
         integrity_causes(self, Cause, Evidence)
         self._alerts_back_causes()
+        slowdown = self._slowdown()
+        alert_only = {id(self.causes[i]) for i in self._alert_only}
         timed = [c for c in self.causes if c.seconds >= self.min_seconds]
         untimed = [c for c in self.causes if c.seconds < self.min_seconds]
         for c in untimed:
             c.seconds = 0.0
         timed.sort(key=lambda c: -c.seconds)
         order = list(CAUSES)
-        untimed.sort(key=lambda c: order.index(c.key))
+        # Untimed: a cause its own check found in the window (a throttle reason active) before one
+        # listed only because its alert fired while its check saw nothing there (an exit alert still
+        # firing from a restart before the window: the demo's throttle was explained as that restart).
+        untimed.sort(key=lambda c: (id(c) in alert_only, order.index(c.key)))
         total = max(lost, sum(c.seconds for c in timed))
         for c in timed:
             c.share = min(1.0, c.seconds / total) if total > 0 else None
@@ -429,6 +447,7 @@ class _Scan:
             baseline_badput={c: v for c, v in self.badput_baseline.items() if v > 0},
             window_lost_progress=self.badput_window.get("lost_progress", 0.0),
             alerts=[f"{a.name}: {a.where()}" for a in self.fired],
+            slowdown=slowdown,
         )
 
     # ------------------------------------------------------------------------------------------ alerts
@@ -473,6 +492,8 @@ class _Scan:
             names = sorted({a.name for a in alerts})
             where = "; ".join(sorted({a.where() for a in alerts}))
             seen = self.checked.pop(key, "")
+            if seen:
+                self._alert_only.add(len(self.causes))
             self.causes.append(
                 Cause(
                     key,
@@ -654,6 +675,31 @@ class _Scan:
                 if not grew.get("hang")
                 else "no more hang than in the baseline (ledger badput hang)"
             ) + ", no rank a hung collective waited for"
+
+    def _slowdown(self) -> dict[str, Any]:
+        """The window's slowdown (the ledger's counter) split like ``report --prometheus`` splits an
+        episode: the culprit rank, then its GPU, PCIe links and fabric."""
+        booked = self.badput_window.get("slowdown", 0.0)
+        if booked < self.min_seconds:
+            return {}
+        asked = iter(range(1 << 30))
+
+        def ask(expr: str, at: float) -> list[Sample]:
+            return self.ask(f"slowdown_{next(asked)}", expr, at)
+
+        window = Episode(0, round(self.t0 * 1e6), round(self.t1 * 1e6), round(booked * 1e6), 0, 0, 0, 0)
+        slow = _scalar(self.ask("slowdown_seconds", self.q.slowdown_growing(self.W), self.t1))
+        coverage = min(1.0, slow / self.Wc) if slow else 1.0
+        found = attribute_episode(self.q, ask, window, coverage=coverage)
+        return {
+            "seconds": booked,
+            "cause": found.cause,
+            "where": found.where(),
+            "rank": found.rank,
+            "host": found.host,
+            "gpu": found.gpu,
+            "evidence": list(found.evidence),
+        }
 
     def ask_q(self, name: str) -> str:
         """The query last run under ``name`` (for the evidence)."""

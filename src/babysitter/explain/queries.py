@@ -197,6 +197,14 @@ class ExplainQueries:
         """The ledger's badput seconds by cause, the last value in ``lookback`` (continued counter)."""
         return f"max by (cause) (last_over_time({self._t(G.BADPUT_SECONDS)}[{_r(lookback)}]))"
 
+    def slowdown_growing(self, seconds: float) -> str:
+        """Seconds of the range in which the ledger's slowdown grew (the slow steps' time in it), at
+        1/120 of the range's resolution (at least 1 s)."""
+        step = max(1.0, seconds / 120)
+        slow = self._t(G.BADPUT_SECONDS, eq("cause", "slowdown"))
+        grew = f"((max({slow}) - max({slow} offset {_r(step)})) > bool 0)"
+        return f"sum_over_time({grew}[{_r(seconds)}:{_r(step)}]) * {step:g}"
+
     def restarts_last(self, lookback: float) -> str:
         """The run's restart counter, its last value in ``lookback``."""
         return f"max(last_over_time({self._t(G.RESTARTS)}[{_r(lookback)}]))"

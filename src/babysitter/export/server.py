@@ -49,7 +49,7 @@ from prometheus_client.exposition import choose_encoder
 
 from babysitter.export.text import CONTENT_TYPE as TEXT_CONTENT_TYPE
 
-__all__ = ["Handler", "MetricsServer", "Request", "Response", "tls_context"]
+__all__ = ["Handler", "MetricsServer", "Request", "Response", "bind_hint", "tls_context"]
 
 log = logging.getLogger("babysitter")
 
@@ -59,6 +59,21 @@ _LINGER_SECONDS = 2.0
 _LINGER_BYTES = 4 * 1024 * 1024
 _ACCEPT_PAUSE = 0.1  # seconds the listener rests when the process has no descriptor left at all
 _LIVE: weakref.WeakSet[MetricsServer] = weakref.WeakSet()
+
+
+def bind_hint(exc: OSError, port: int, *, elsewhere: str) -> str:
+    """What to do when binding ``port`` failed with ``exc`` ("" when there is nothing to say);
+    ``elsewhere`` names the flags that choose another address or port."""
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"port {port} is taken by another process (`ss -ltnp 'sport = :{port}'` names it): stop it, or "
+            f"serve elsewhere with {elsewhere}; port 0 takes any free port"
+        )
+    if exc.errno == errno.EACCES and 0 < port < 1024:
+        return f"ports below 1024 need root: pick a higher one with {elsewhere}"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"this host has no such address: give one of its own (0.0.0.0: all) with {elsewhere}"
+    return ""
 
 
 def tls_context(certfile: str, keyfile: str, client_cafile: str | None = None) -> ssl.SSLContext:

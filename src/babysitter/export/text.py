@@ -259,6 +259,11 @@ def _help(text: str) -> str:
 
 
 _headers: dict[tuple[str, str, str], tuple[str, str]] = {}
+#: What the remembered headers may hold, in bytes of their text: a rank's help lines change when it
+#: likes (60 endpoints rotating theirs filled 4,096 entries of 1 KiB each, about 12 MiB); past it
+#: they are forgotten and written again as they come (a few microseconds each).
+_MAX_HEADER_BYTES = 2 * 1024 * 1024
+_header_bytes = 0
 
 
 def _family_header(name: str, kind: str, documentation: str) -> tuple[str, str]:
@@ -278,9 +283,13 @@ def _family_header(name: str, kind: str, documentation: str) -> tuple[str, str]:
         doc = _help(documentation)
         header = (f"# HELP {shown} {doc}\n# TYPE {shown} {kind}\n", doc)
         if len(documentation) <= 1024:
-            if len(_headers) >= _MAX_CACHED:
+            global _header_bytes
+            size = 2 * len(header[0]) + len(documentation) + 300  # the strings, the key and the entry
+            if len(_headers) >= _MAX_CACHED or _header_bytes + size > _MAX_HEADER_BYTES:
                 _headers.clear()
+                _header_bytes = 0
             _headers[key] = header
+            _header_bytes += size
     return header
 
 

@@ -1,18 +1,20 @@
 """Model FLOPs per token, for MFU: analytic (from configs or architecture descriptions) or measured.
 
 ``estimate(config, seq_len=...)`` gives :class:`FlopsPerToken` (``model``: forward + backward without
-recomputation, MFU's numerator; ``hardware``: with recomputation, HFU's). ``measure(model, step_fn)``
+recomputation, MFU's numerator; ``hardware``: with recomputation, HFU's); ``infer(model, seq_len=...)``
+takes whatever a training script has (a config, a Hugging Face or nanoGPT model, any torch module,
+whose parameters are then counted). ``measure(model, step_fn)``
 counts one real step with ``torch.utils.flop_counter.FlopCounterMode``. ``resolve_layout`` says how a
 data-parallel replica's tokens and FLOPs are shared among its tensor/pipeline/context parallel ranks.
 docs/flops.md explains the conventions and why the two disagree where they do. torch is imported
-only by ``measure``.
+only by ``measure`` and by the module counting (which is handed a torch module).
 """
 
 from __future__ import annotations
 
 from babysitter.flops.arch import Architecture, Attention, Layer, Mlp, Moe, Stack, VisionTower
 from babysitter.flops.configs import SUPPORTED_MODEL_TYPES, architecture_from_config
-from babysitter.flops.estimate import as_architecture, estimate, estimate_breakdown, parameter_counts
+from babysitter.flops.estimate import as_architecture, estimate, estimate_breakdown, infer, parameter_counts
 from babysitter.flops.formulas import (
     RECOMPUTE_MODES,
     FlopsBreakdown,
@@ -24,6 +26,7 @@ from babysitter.flops.formulas import (
 )
 from babysitter.flops.measure import MeasuredFlops, measure
 from babysitter.flops.mfu import mfu, tokens_per_second_for_mfu
+from babysitter.flops.modules import FlopsUnavailable, ModuleCounts, from_module, module_counts
 from babysitter.flops.parallel import ParallelLayout, layout_from_mesh, resolve_layout
 
 __all__ = [
@@ -33,9 +36,11 @@ __all__ = [
     "Attention",
     "FlopsBreakdown",
     "FlopsPerToken",
+    "FlopsUnavailable",
     "Layer",
     "MeasuredFlops",
     "Mlp",
+    "ModuleCounts",
     "Moe",
     "ParallelLayout",
     "ParameterCounts",
@@ -46,11 +51,14 @@ __all__ = [
     "count_parameters",
     "estimate",
     "estimate_breakdown",
+    "from_module",
     "from_parameters",
+    "infer",
     "layout_from_mesh",
     "mean_keys_per_query",
     "measure",
     "mfu",
+    "module_counts",
     "parameter_counts",
     "resolve_layout",
     "tokens_per_second_for_mfu",

@@ -4,6 +4,9 @@ Covered ``model_type``\\ s: gpt2; llama, mistral, qwen2, qwen3 (dense decoders w
 sliding windows); mixtral, qwen2_moe, qwen3_moe (MoE); t5, mt5 (encoder-decoder); bert, roberta
 (encoders); llava (a vision tower feeding any of the decoders). Each builder reproduces the
 Hugging Face implementation's parameter count exactly (tests check it against ``sum(p.numel())``).
+A config with no ``model_type`` (or ``"nanogpt"``) and nanoGPT's fields (``n_layer``, ``n_head``,
+``n_embd``, ``vocab_size``; ``block_size`` and ``bias`` optional), such as nanoGPT's ``GPTConfig``
+dataclass, is nanoGPT's model (tests check its parameter count against a module of that shape).
 Other model types raise ValueError naming the covered ones: an approximate guess is how MoE models
 got 5x wrong FLOPs elsewhere (pytorch/torchtitan#4300).
 """
@@ -15,7 +18,10 @@ from typing import Any
 
 from babysitter.flops.arch import Architecture, Attention, Layer, Mlp, Moe, Stack, VisionTower
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "architecture_from_config", "config_dict"]
+__all__ = ["NANOGPT_FIELDS", "SUPPORTED_MODEL_TYPES", "architecture_from_config", "config_dict", "is_nanogpt"]
+
+#: The fields that make a config without a ``model_type`` nanoGPT's (``block_size`` is optional).
+NANOGPT_FIELDS = ("n_layer", "n_head", "n_embd", "vocab_size")
 
 
 def config_dict(config: object) -> dict[str, Any]:
@@ -79,6 +85,26 @@ def _gpt2(c: _Cfg) -> Architecture:
         decoder=Stack((layer,) * n_layer, causal=True, extra_params=_norm(h, bias=True)),
         tied_embeddings=c.flag("tie_word_embeddings", True),
         position_embeddings=c.get_int("n_positions", "max_position_embeddings"),
+    )
+
+
+def _nanogpt(c: _Cfg) -> Architecture:
+    """nanoGPT's ``GPT``: GPT-2's blocks, ``bias`` on or off in every Linear and LayerNorm, a 4x MLP,
+    the LM head tied to the token embedding, a learned position table of ``block_size`` rows."""
+    h = c.get_int("n_embd")
+    heads = c.get_int("n_head")
+    if not h or not heads or h % heads:
+        raise ValueError(f"nanogpt config: n_embd {h} must be a positive multiple of n_head {heads}")
+    bias = c.flag("bias", True)
+    att = Attention(h, heads, heads, h // heads, qkv_bias=bias, out_bias=bias)
+    layer = Layer(att, Mlp(h, 4 * h, gated=False, bias=bias), norm_params=2 * _norm(h, bias=bias))
+    return Architecture(
+        family="nanogpt",
+        vocab_size=c.get_int("vocab_size"),
+        hidden=h,
+        decoder=Stack((layer,) * c.get_int("n_layer"), causal=True, extra_params=_norm(h, bias=bias)),
+        tied_embeddings=True,
+        position_embeddings=c.get_int("block_size", "n_positions", default=0),
     )
 
 
@@ -266,20 +292,33 @@ _BUILDERS: dict[str, Callable[[_Cfg], Architecture]] = {
     "bert": _bert,
     "roberta": _bert,
     "llava": _llava,
+    "nanogpt": _nanogpt,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
 
 
+def is_nanogpt(data: Mapping[str, Any]) -> bool:
+    """True for a config dict that is nanoGPT's: no ``model_type`` (or ``"nanogpt"``) and its fields."""
+    return str(data.get("model_type") or "nanogpt") == "nanogpt" and all(
+        data.get(name) is not None for name in NANOGPT_FIELDS
+    )
+
+
 def architecture_from_config(config: object) -> Architecture:
-    """The architecture a Hugging Face config describes (object with HF attribute names, or dict)."""
+    """The architecture a config describes: a Hugging Face config (object with HF attribute names, or
+    dict) of a covered ``model_type``, or a nanoGPT-style config (``GPTConfig`` dataclass or dict)."""
     data = config_dict(config)
     model_type = str(data.get("model_type") or "")
+    if is_nanogpt(data):
+        model_type = "nanogpt"
     builder = _BUILDERS.get(model_type)
     if builder is None:
+        what = f"model_type {model_type!r}" if model_type else "a config without model_type"
         raise ValueError(
-            f"no FLOPs builder for model_type {model_type!r}; supported: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)}. Describe the model with babysitter.flops.Architecture, "
-            "or measure it with babysitter.flops.measure"
+            f"no FLOPs builder for {what}; supported: {', '.join(SUPPORTED_MODEL_TYPES)} (nanogpt: "
+            f"{', '.join(NANOGPT_FIELDS)}). Pass the torch module instead (its parameters are counted), "
+            "describe the model with babysitter.flops.Architecture, or measure it with "
+            "babysitter.flops.measure"
         )
     return builder(_Cfg(data, model_type))

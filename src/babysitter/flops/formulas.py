@@ -17,7 +17,7 @@ Conventions (docs/flops.md has the derivations):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from babysitter.flops.arch import Architecture, Layer, Stack
 
@@ -38,12 +38,14 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 @dataclass(frozen=True)
 class FlopsPerToken:
     """Training FLOPs per token: ``model`` (forward + backward, no recomputation: MFU's numerator),
-    ``hardware`` (with activation recomputation: HFU's; equals ``model`` without), and where the
-    numbers came from (``"config:llama"``, ``"explicit"``, ``"measured"``)."""
+    ``hardware`` (with activation recomputation: HFU's; equals ``model`` without), where the
+    numbers came from (``"config:llama"``, ``"explicit"``, ``"measured"``, ``"params"``) and, for
+    counted parameters, a ``note`` saying what was counted."""
 
     model: float
     hardware: float
     source: str
+    note: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if not (self.model > 0 and self.hardware >= self.model):

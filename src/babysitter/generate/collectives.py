@@ -32,10 +32,14 @@ from babysitter.catalog import runtime as R
 from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.promql import by, record_name, select
+from babysitter.generate.ranks import RankRecords
 
 
 class _Keys(Protocol):
     """What the rules need of ``generate.rules.Records`` (imported the other way round)."""
+
+    @property
+    def ranks(self) -> RankRecords: ...
 
     @property
     def run_key(self) -> tuple[str, ...]: ...
@@ -99,7 +103,7 @@ class CollectiveRecords:
 
 def collective_rules(cfg: GenerateConfig, r: _Keys) -> list[dict[str, object]]:
     """The rules of group ``babysitter-collectives.rules``, each reading the ones before it."""
-    c = CollectiveRecords(cfg)
+    c, k = CollectiveRecords(cfg), r.ranks
     ts, ns = cfg.tracker_selector, cfg.node_selector
     run_key = ", ".join(r.run_key)
     rank_key = ", ".join(r.rank_key)
@@ -122,7 +126,10 @@ def collective_rules(cfg: GenerateConfig, r: _Keys) -> list[dict[str, object]]:
     return [
         {
             "record": c.waiting,
-            "expr": f"max {by((*r.rank_key, 'instance', 'pg', 'op', 'size', 'last_completed'))} ({stuck})",
+            "expr": (
+                f"max {by((*r.rank_key, 'instance', 'pg', 'op', 'size', 'last_completed'))} "
+                f"({k.ignoring(stuck)})"
+            ),
         },
         {"record": c.stuck, "expr": f"max by ({run_key}, pg) ({c.waiting})"},
         {
@@ -138,13 +145,23 @@ def collective_rules(cfg: GenerateConfig, r: _Keys) -> list[dict[str, object]]:
                 f'  "reason", "{reason}", "", ""\n)'
                 for who, reason in (
                     (
-                        f"max {by((*r.rank_key, 'instance'))} (max_over_time({fetched}[{quiet}]) == 0)",
+                        "("
+                        + k.ignoring(
+                            f"max {by((*r.rank_key, 'instance'))} (max_over_time({fetched}[{quiet}]) == 0)"
+                        )
+                        + ")",
                         "not_answering",
                     ),
                     (
                         # Still registered (its fetch fails) is not gone: not_answering names it in time.
-                        f"(max {by((*r.rank_key, 'instance'))} (last_over_time({enqueued}[{gone_window}]))"
-                        f" unless {on_rank} {enqueued} unless {on_rank} {fetched})",
+                        # A rank excluded while it lived stays so once gone (it cannot be judged then).
+                        "("
+                        + k.ignoring_remembered(
+                            f"max {by((*r.rank_key, 'instance'))} (last_over_time({enqueued}[{gone_window}]))"
+                            f" unless {on_rank} {enqueued} unless {on_rank} {fetched}",
+                            gone_window,
+                        )
+                        + ")",
                         "gone",
                     ),
                 )
@@ -155,7 +172,8 @@ def collective_rules(cfg: GenerateConfig, r: _Keys) -> list[dict[str, object]]:
             # that wait in nothing themselves; value: the collective they never reached.
             "record": c.behind,
             "expr": (
-                f"label_replace(\n  0 * (\n    (max {by((*r.rank_key, 'instance', 'pg'))} ({enqueued})\n"
+                f"label_replace(\n  0 * (\n    (max {by((*r.rank_key, 'instance', 'pg'))} "
+                f"({k.ignoring(enqueued)})\n"
                 f"    < {on_pg} group_left (op)\n    {stuck_op})\n"
                 f"    unless {on_rank}\n    {recently_waiting}\n  )\n"
                 f"  + {on_pg} group_left ()\n  {c.stuck},\n"
@@ -223,12 +241,15 @@ def culprit_text(c: CollectiveRecords, cluster_label: str) -> str:
     )
 
 
-def culprit_short_text(c: CollectiveRecords, cluster_label: str) -> str:
-    """ "; culprit rank 2 on host n7:9400" for a summary (the culprits' ranks and hosts only)."""
+def culprit_short_text(c: CollectiveRecords, cluster_label: str, *, otherwise: str = "") -> str:
+    """ "; culprit rank 2 on host n7:9400" for a summary (the culprits' ranks and hosts only); when no
+    culprit is named, ``otherwise`` (a template: the likely cause)."""
     return (
         _query(c.culprit, cluster_label)
         + '; culprit {{ range $i, $c := sortByLabel "rank" . }}{{ if $i }}, {{ end }}'
-        "rank {{ $c.Labels.rank }} on host {{ $c.Labels.instance }}{{ end }}{{ end }}"
+        "rank {{ $c.Labels.rank }} on host {{ $c.Labels.instance }}{{ end }}"
+        + ("{{ else }}" + otherwise if otherwise else "")
+        + "{{ end }}"
     )
 
 
@@ -271,6 +292,9 @@ def collective_tests(cfg: GenerateConfig) -> dict[str, object]:
     * ``h4``: rank 1 exited at 3m (series and registration gone) while rank 0 waits: ``gone``.
     * ``h5``: rank 2 was stopped a moment ago (its series just vanished, one failed fetch): still
       registered, so not ``gone``, and not yet ``not_answering`` (1 min): not named yet.
+    * ``h6``: a user on another host served rank 9 (past the world size of 2 rank 0 declares) for two
+      minutes, saying it was behind, then exited: ``gone`` by the series, but excluded while it lived
+      (``generate/ranks.py``), so never named.
     """
     c = CollectiveRecords(cfg)
     base = {"cluster": "c1", "job": "babysitter-node"}
@@ -344,6 +368,17 @@ def collective_tests(cfg: GenerateConfig) -> dict[str, object]:
         answers("h5", number, "n1:9400")
     reached("h5", "2", "n5:9400", seq=19, values="19+0x9 stale")
     answers("h5", "2", "n5:9400", "1+0x9 0")
+    # h6: ranks 0 and 1 wait in #20 from 4m; rank 0 declares 2 ranks. A user on n9 served rank 9 of h6
+    # at 1m and 2m only (past the world size), saying it reached #19, and exited: gone, but never named.
+    for number in ("0", "1"):
+        waits("h6", number, "n1:9400", pg="0", seq=20, op="all_reduce")
+        reached("h6", number, "n1:9400", seq=20)
+        answers("h6", number, "n1:9400")
+        inputs.append((series(N.TRAINER_RANK.name, rank("h6", number, "n1:9400")), f"{number}+0x10"))
+    inputs.append((series(T.WORLD_SIZE.name, rank("h6", "0", "n1:9400")), "2+0x10"))
+    reached("h6", "9", "n9:9400", seq=19, values="_ 19+0x1")
+    answers("h6", "9", "n9:9400", "_ 1+0x1")
+    inputs.append((series(N.TRAINER_RANK.name, rank("h6", "9", "n9:9400")), "_ 9+0x1"))
 
     def culprit(run: str, number: str, host: str, *, pg: str, op: str, reason: str, **extra: str) -> str:
         labels = {"cluster": "c1", "instance": host, "op": op, "pg": pg, "rank": number, "reason": reason}
@@ -379,6 +414,8 @@ def collective_tests(cfg: GenerateConfig) -> dict[str, object]:
             ("h4", "0", "n1:9400", "0", 8, "barrier"),
             ("h5", "0", "n1:9400", "0", 20, "all_reduce"),
             ("h5", "1", "n1:9400", "0", 20, "all_reduce"),
+            ("h6", "0", "n1:9400", "0", 20, "all_reduce"),
+            ("h6", "1", "n1:9400", "0", 20, "all_reduce"),
         )
     ]
     for i, (name, value) in enumerate(waiting):
@@ -397,6 +434,7 @@ def collective_tests(cfg: GenerateConfig) -> dict[str, object]:
             ("h3", "0", 500.0),
             ("h4", "0", 8.0),
             ("h5", "0", 20.0),
+            ("h6", "0", 20.0),
         )
     ]
     not_answering = [

@@ -69,18 +69,25 @@ class GenerateConfig:
     #: route's group_wait (10 s, exporters/alertmanager.yml) keeps an Xid 79 under 60 s. Other groups
     #: use the server's ``evaluation_interval``.
     page_eval_interval: str = "15s"
+    #: Evaluation interval of the group of alerts on a GPU that failed hard (a paging Xid, an
+    #: uncorrectable ECC error, a failed row remap): scrape 15 s + 5 s + the pager route's 5 s
+    #: group_wait pages them within 30 s. The group reads Xid, ECC and row-remap counters only (the
+    #: GPU group's heavy throttle and clock windows stay at ``page_eval_interval``).
+    fatal_eval_interval: str = "5s"
 
     # --- aggregation windows ----------------------------------------------------------------------
     #: Window of the rates the dashboards and recording rules use; at least 4 scrape intervals.
     rate_window: str = "5m"
 
     # --- training stalled -------------------------------------------------------------------------
-    #: A run is stalled after max(stall_min_seconds, stall_step_factor x its mean step time). 4 min, so a
-    #: stall pages within 5 min (the stall clock pauses during checkpoints and marked phases, so a long
-    #: save or eval does not count; benchmarks/results/paging.md measures the page).
-    stall_min_seconds: int = 240
-    #: How many typical steps of silence count as a stall (long steps of huge models need more than 10 min).
-    stall_step_factor: float = 10.0
+    #: A run is stalled after max(stall_min_seconds, stall_step_factor x its mean step time). 60 s and
+    #: 6 steps: a run whose steps take under 10 s pages within 2 min (scrape 15 s + evaluation 15 s +
+    #: the pager's 10 s); the stall clock pauses during checkpoints and marked phases, so a long save
+    #: or eval does not count. It was 240 s and 10 steps (a hang paged after 266-277 s); what the
+    #: shorter threshold costs in false pages is measured in benchmarks/results/campaign.md.
+    stall_min_seconds: int = 60
+    #: How many typical steps of silence count as a stall (long steps of huge models need minutes).
+    stall_step_factor: float = 6.0
     #: Window over which the typical (mean) step time is measured; must cover many steps.
     stall_baseline_window: str = "1h"
     #: How far back the last step of a run is remembered once its series vanish (a stopped process
@@ -89,7 +96,9 @@ class GenerateConfig:
     #: Extra wait before paging once the threshold is crossed (the threshold already is the grace period).
     stall_for: str = "0s"
     #: During a stall, a rank whose node agent could not fetch its metrics for this long counts as
-    #: stopped (a culprit the page names, ``generate/collectives.py``); one failed fetch is noise.
+    #: stopped (a culprit the page names, ``generate/collectives.py``); one failed fetch is noise. Also
+    #: how long a registration is still judged after it was last seen (``generate/ranks.py``): at least
+    #: one rule evaluation interval, so a rank that served for one scrape is never missed.
     culprit_silent_for: str = "1m"
 
     #: Window in which a training process that died without unregistering warns.
@@ -122,6 +131,14 @@ class GenerateConfig:
     #: How long a rank must straggle before the alert fires.
     straggler_for: str = "15m"
 
+    # --- fail-slow ---------------------------------------------------------------------------------
+    #: Window over which a run's share of time lost to slow steps (badput ``slowdown``) is measured.
+    slowdown_window: str = "30m"
+    #: TrainingSlowdown warns when the run lost more than this share of the window to slow steps...
+    slowdown_share: float = 0.1
+    #: ...for this long (Greyhound: communication fail-slows last 24 minutes on average).
+    slowdown_for: str = "15m"
+
     # --- goodput ----------------------------------------------------------------------------------
     #: Goodput (productive time / wall time) below this over goodput_window warns.
     goodput_target: float = 0.9
@@ -152,6 +169,10 @@ class GenerateConfig:
     checkpoint_slow_window: str = "2h"
     #: The sentinel reports a missing checkpoint for this long before paging (an in-flight rename).
     checkpoint_missing_for: str = "2m"
+    #: The sentinel may be unable to finish a run's checks for this many seconds (since its last complete
+    #: check) before warning: one worker killed and restarted at the next pass is noise, a run whose
+    #: worker keeps running out of its budget is not.
+    checkpoint_check_failing_seconds: int = 600
     #: Seconds between the node agents' checkpoint sentinel passes (their --checkpoint-interval): the
     #: dashboards turn its per-pass digest budget into bytes per second.
     sentinel_pass_seconds: float = 30.0
@@ -276,6 +297,19 @@ class GenerateConfig:
     #: Window in which a failed remediation action, or a refusal by the drain cap or rate limit, pages.
     remediation_window: str = "15m"
 
+    # --- the monitoring itself (generate/alerts/monitoring.py) --------------------------------------
+    #: Matchers on the rule engine's (Prometheus, vmalert) and Alertmanager's own series, e.g.
+    #: ``job=~"prometheus|alertmanager"``; empty: wherever they come from (their names are their own).
+    #: The shipped scrape configs scrape both (exporters/prometheus-scrape.yml).
+    monitoring_selector: str = ""
+    #: Window in which failed rule evaluations and failed or dropped notifications count (the
+    #: Prometheus and Alertmanager mixins' 5 m).
+    monitoring_window: str = "5m"
+    #: How long they must keep failing before paging. Longer than the window, so one failure alone (a
+    #: query timeout under a load spike, a receiver's network blip) never pages; a broken rule or a dead
+    #: receiver fails at every evaluation and does.
+    monitoring_for: str = "10m"
+
     # --- loss -------------------------------------------------------------------------------------
     #: Window in which a non-finite loss fires.
     nonfinite_window: str = "10m"
@@ -309,7 +343,14 @@ class GenerateConfig:
                 seconds = parse_duration(value)
                 if item.name.endswith(("_window", "_interval")) and seconds <= 0:
                     raise ValueError(f"{item.name} must be positive: {value!r}")
-        for name in ("mfu_drop_fraction", "goodput_target", "throttle_fraction", "mfu_poor", "mfu_good"):
+        for name in (
+            "mfu_drop_fraction",
+            "goodput_target",
+            "throttle_fraction",
+            "mfu_poor",
+            "mfu_good",
+            "slowdown_share",
+        ):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must lie strictly between 0 and 1")
         if not (self.mfu_poor < self.mfu_good and 0.0 < self.goodput_poor < self.goodput_target):
@@ -373,6 +414,7 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         base or GenerateConfig(),
         rate_window="20s",
         page_eval_interval="1s",
+        fatal_eval_interval="1s",
         stall_min_seconds=15,
         stall_step_factor=5.0,
         stall_baseline_window="2m",
@@ -389,6 +431,8 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         straggler_for="30s",
         goodput_window="10m",
         goodput_min_wall_seconds=30,
+        slowdown_window="1m",
+        slowdown_for="20s",
         goodput_for="30s",
         ledger_not_writing_for="10s",
         checkpoint_interval_window="5m",
@@ -413,6 +457,11 @@ def fast(base: GenerateConfig | None = None) -> GenerateConfig:
         throttle_for="15s",
         nonfinite_window="1m",
         remediation_window="1m",
+        monitoring_window="20s",
+        # Longer than the window, as at the shipped settings: a restarted Prometheus drops its first
+        # evaluations' alerts before it finds Alertmanager, and with 10 s that burst paged
+        # AlertDeliveryFailing in the campaign (benchmarks/results/campaign.md, seed 3).
+        monitoring_for="25s",
         fabric_port_down_for="5s",
         fabric_port_memory="5m",
         fabric_link_downed_window="1m",

@@ -19,6 +19,7 @@ __all__ = [
     "growth",
     "join_matchers",
     "new_or_increased",
+    "newest",
     "record_name",
     "regex",
     "select",
@@ -66,6 +67,18 @@ def select(spec: MetricSpec, *matchers: str, suffix: str = "") -> str:
 def by(labels: Sequence[str]) -> str:
     """``by (a, b)`` for an aggregation."""
     return f"by ({', '.join(labels)})"
+
+
+def newest(selector: str, key: Sequence[str]) -> str:
+    """``selector``'s newest series per ``key``: one per key, where a join needs one.
+
+    A recording rule that labels a run with one value of many (its likely team, its slowdown's cause)
+    has one series per run while its Prometheus runs: when the value changes, the rule marks the old
+    series stale. A Prometheus that restarts has forgotten the old series, so it never marks it, and
+    for the lookback (5 m) the run has two: every ``group_left`` join on them then fails to evaluate
+    (many-to-many), blinding its alert (the campaign's restarted Prometheus failed TrainingMfuDrop so
+    for 5 m). The series written last is the one that holds."""
+    return f"({selector} and topk {by(key)} (1, timestamp({selector})))"
 
 
 def record_name(level: Sequence[str], metric: str, operation: str) -> str:

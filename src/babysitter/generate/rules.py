@@ -36,7 +36,9 @@ from babysitter.catalog import train as T
 from babysitter.generate.collectives import CollectiveRecords, collective_rules, collective_tests
 from babysitter.generate.config import GenerateConfig, parse_duration
 from babysitter.generate.promql import by, eq, growth, record_name, regex, select, total_growth
+from babysitter.generate.ranks import RankRecords, rank_rules, rank_tests
 from babysitter.generate.rules_fabric import fabric_rules
+from babysitter.generate.rules_slowdown import SlowdownRecords, slowdown_rules
 
 __all__ = ["LIKELY_CAUSES", "Records", "recording_groups", "recording_rules", "recording_window_tests"]
 
@@ -48,9 +50,19 @@ class Records:
     cfg: GenerateConfig
 
     @property
+    def slowdown(self) -> SlowdownRecords:
+        """The fail-slow rules: a run's share of time lost to slow steps, its likely cause, roll-ups."""
+        return SlowdownRecords(self.cfg)
+
+    @property
     def collectives(self) -> CollectiveRecords:
         """The collective rules: waiting ranks, the culprits of a hang, each rank's host and GPU."""
         return CollectiveRecords(self.cfg)
+
+    @property
+    def ranks(self) -> RankRecords:
+        """Which ranks speak for a run: the declared world size, undeclared and excluded ranks."""
+        return RankRecords(self.cfg)
 
     @property
     def run_key(self) -> tuple[str, ...]:
@@ -105,12 +117,14 @@ class Records:
 
     @property
     def last_step(self) -> str:
-        """Unix time of the latest step of any rank of a run."""
+        """Unix time of the latest step of any rank of a run that speaks for it (a contested rank: its
+        oldest claimant's; ``generate/ranks.py``)."""
         return record_name(["run"], T.LAST_STEP_TIMESTAMP.name, "max")
 
     @property
     def step_baseline(self) -> str:
-        """Mean step time of a run over the stall baseline window (the stall threshold's unit)."""
+        """Mean step time of a run over the stall baseline window (the stall threshold's unit), of the
+        ranks that speak for it only."""
         return record_name(["run"], T.STEP_DURATION.name, f"mean{self.cfg.stall_baseline_window}")
 
     @property
@@ -314,15 +328,13 @@ def _rule(record: str, expr: str) -> dict[str, object]:
 
 
 def _training_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
-    ts, w = cfg.tracker_selector, cfg.rate_window
+    ts, w, k = cfg.tracker_selector, cfg.rate_window, r.ranks
     run, rank = by(r.run_key), by(r.rank_key)
     step_sum = select(T.STEP_DURATION, ts, suffix="_sum")
     step_count = select(T.STEP_DURATION, ts, suffix="_count")
     peak = select(T.PEAK_FLOPS, ts)
     model_rate = f"rate({select(T.MODEL_FLOPS, ts)}[{w}]) and {peak}"
-    bw = cfg.stall_baseline_window
     rules = [
-        _rule(r.last_step, f"max {run} ({select(T.LAST_STEP_TIMESTAMP, ts)})"),
         _rule(r.steps_rate, f"max {run} (rate({select(T.STEPS, ts)}[{w}]))"),
         _rule(r.tokens_rate, f"sum {run} (rate({select(T.TOKENS, ts)}[{w}]))"),
         # Only ranks that know their peak count on either side, so an unknown device never inflates MFU.
@@ -336,8 +348,11 @@ def _training_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
             f"(\n  sum {run} (rate({select(T.HARDWARE_FLOPS, ts)}[{w}]) and {peak})\n"
             f"  or\n  sum {run} ({model_rate})\n)\n/\nsum {run} ({peak})",
         ),
+        # A rank that does not speak for its run (generate/ranks.py) is no straggler of it, nor its cause.
         _rule(
-            r.rank_step_mean, f"sum {rank} (rate({step_sum}[{w}]))\n/\nsum {rank} (rate({step_count}[{w}]))"
+            r.rank_step_mean,
+            f"sum {rank} ({k.ignoring(f'rate({step_sum}[{w}])')})\n/\n"
+            f"sum {rank} ({k.ignoring(f'rate({step_count}[{w}])')})",
         ),
         _rule(
             r.rank_step_ratio,
@@ -347,9 +362,6 @@ def _training_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
         *(
             _rule(r.step_quantile(q), f"max {run} ({select(T.STEP_DURATION, ts, eq('quantile', f'{q:g}'))})")
             for q in T.STEP_QUANTILES
-        ),
-        _rule(
-            r.step_baseline, f"sum {run} (rate({step_sum}[{bw}]))\n/\nsum {run} (rate({step_count}[{bw}]))"
         ),
     ]
     gw = cfg.goodput_window
@@ -386,6 +398,26 @@ def _training_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
     return rules
 
 
+def _stall_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
+    """Which ranks speak for each run, then what decides its stall (its last step, its typical step
+    time) and names its culprit, all from those ranks: one group, so none of them reads a rank before
+    the trust rules judged it (``generate/ranks.py``)."""
+    ts, k = cfg.tracker_selector, r.ranks
+    run = by(r.run_key)
+    bw = cfg.stall_baseline_window
+
+    def rate_of(suffix: str) -> str:
+        return k.ignoring(f"rate({select(T.STEP_DURATION, ts, suffix=suffix)}[{bw}])")
+
+    last = k.counted(select(T.LAST_STEP_TIMESTAMP, ts), "min", r.rank_key)
+    return [
+        *rank_rules(cfg),
+        _rule(r.last_step, f"max {run} (\n{last}\n)"),
+        _rule(r.step_baseline, f"sum {run} ({rate_of('_sum')})\n/\nsum {run} ({rate_of('_count')})"),
+        *collective_rules(cfg, r),
+    ]
+
+
 def _node_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
     ns = cfg.node_selector
     return [
@@ -404,7 +436,7 @@ def _rank_gpu_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
     a GPU both get its state, and a GPU reason or Xid code that comes and goes never makes the right
     side ambiguous (reasons are joined one at a time, Xid codes summed).
     """
-    ts, ns, c = cfg.tracker_selector, cfg.node_selector, cfg.cluster_label
+    ts, ns, c, k = cfg.tracker_selector, cfg.node_selector, cfg.cluster_label, r.ranks
     key = (c, "uuid")
     on = f"on ({', '.join(key)})"
     gpu_labels = ("instance", *(label for label in N.GPU_LABELS if label != "uuid"))
@@ -425,7 +457,8 @@ def _rank_gpu_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
     return [
         _rule(
             r.rank_gpu,
-            f"max {by((*r.rank_key, 'uuid'))} ({info})\n* {on} group_left ({', '.join(gpu_labels)})\n"
+            f"max {by((*r.rank_key, 'uuid'))} ({k.ignoring(info)})\n"
+            f"* {on} group_left ({', '.join(gpu_labels)})\n"
             f"(0 * {identity} + 1)",
         ),
         _rule(
@@ -451,19 +484,22 @@ def _rollup_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, object]]:
     At 16,384 GPUs a 30-day query over per-rank series reads billions of samples; over these, one
     series per run or per cluster, it reads thousands (alerts/README.md lists each level's count).
     """
-    ts, ns, w = cfg.tracker_selector, cfg.node_selector, cfg.rate_window
+    ts, ns, w, k = cfg.tracker_selector, cfg.node_selector, cfg.rate_window, r.ranks
     run, cluster = by(r.run_key), by((cfg.cluster_label,))
     probe_device = by((cfg.cluster_label, "instance", "gpu"))
+    save_sum = select(T.CKPT_SAVE_DURATION, ts, suffix="_sum")
+    # Data wait and saves name a run's likely cause (and the team its pages go to): only from the ranks
+    # that speak for it (generate/ranks.py).
     return [
         _rule(r.productive_total, f"sum {run} ({select(G.PRODUCTIVE_SECONDS, ts)})"),
         _rule(r.badput_total, f"sum {run} ({select(G.BADPUT_SECONDS, ts)})"),
         _rule(r.restarts_total, f"max {run} ({select(G.RESTARTS, ts)})"),
-        _rule(r.data_wait_mean, f"avg {run} (rate({select(T.DATA_WAIT, ts)}[{w}]))"),
-        _rule(r.data_wait_worst, f"max {run} (rate({select(T.DATA_WAIT, ts)}[{w}]))"),
+        _rule(r.data_wait_mean, f"avg {run} ({k.ignoring(f'rate({select(T.DATA_WAIT, ts)}[{w}])')})"),
+        _rule(r.data_wait_worst, f"max {run} ({k.ignoring(f'rate({select(T.DATA_WAIT, ts)}[{w}])')})"),
         _rule(r.checkpoint_bytes_rate, f"sum {run} (rate({select(T.CKPT_BYTES, ts)}[{w}]))"),
         _rule(
             r.checkpoint_save_rate,
-            f"sum {run} (rate({select(T.CKPT_SAVE_DURATION, ts, suffix='_sum')}[{w}]))",
+            f"sum {run} ({k.ignoring(f'rate({save_sum}[{w}])')})",
         ),
         _rule(
             r.xid_new,
@@ -507,7 +543,7 @@ def _likely_cause_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, objec
     The best candidate wins; a run with none gets ``unknown`` (team ``training``). Candidates under
     5% of the time are noise.
     """
-    ts = cfg.tracker_selector
+    ts, k = cfg.tracker_selector, r.ranks
     run, rank = by(r.run_key), by(r.rank_key)
     on_rank = f"on ({', '.join(r.rank_key)})"
     base = cfg.mfu_baseline_window
@@ -530,6 +566,7 @@ def _likely_cause_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, objec
         return f"({rule} - quantile_over_time(0.5, {rule}[{base}])){per} > {m:g}"
 
     phases = select(G.BADPUT_SECONDS, ts, regex("cause", ("eval", "phase")))
+    score = k.ignoring(select(R.STRAGGLER_SCORE, ts))
     candidates = {
         "gpu_fault": host(f"0 * ({r.rank_gpu_xid_new} > 0) + 1"),
         "gpu_throttling": host(f"{lost} > {m:g} and {on_rank} {throttled}"),
@@ -541,7 +578,7 @@ def _likely_cause_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, objec
             # on the host the rank's info series comes from.
             f"or on ({', '.join(r.run_key)})\n"
             + host(
-                f"((1 - 1 / (max {rank} ({select(R.STRAGGLER_SCORE, ts)}) > {cfg.straggler_ratio:g}))"
+                f"((1 - 1 / (max {rank} ({score}) > {cfg.straggler_ratio:g}))"
                 f" > {m:g})\n* {on_rank} group_left (instance)\n"
                 f"max {by((*r.rank_key, 'instance'))} ({select(T.INFO, ts)})"
             )
@@ -549,7 +586,7 @@ def _likely_cause_rules(cfg: GenerateConfig, r: Records) -> list[dict[str, objec
         "data_wait": growth_over_median(r.data_wait_worst),
         # The rule sums over ranks: per rank, each blocks for its share of the time.
         "checkpoint": growth_over_median(r.checkpoint_save_rate, f" / {ranks}"),
-        "phase": f"sum {run} (rate({phases}[{cfg.rate_window}])) > {m:g}",
+        "phase": f"sum {run} ({k.ignoring(f'rate({phases}[{cfg.rate_window}])')}) > {m:g}",
     }
     best = "\nor\n".join(named(f"({expr})", cause, teams[cause]) for cause, expr in candidates.items())
     known = f"group {run} (max_over_time({r.last_step}[{cfg.stall_lookback_window}]) or {r.mfu})"
@@ -580,15 +617,31 @@ _GROUPS = (
     ("babysitter-likely-cause.rules", _likely_cause_rules),
     # A rank joined to its NIC, and the hosts' fabric errors (generate/rules_fabric.py).
     ("babysitter-fabric.rules", fabric_rules),
-    # Its culprit rule reads the waiting ranks and stuck collectives recorded before it in the group.
-    ("babysitter-collectives.rules", collective_rules),
+    # Which ranks speak for a run, then its last step, stall baseline and collective culprits, each
+    # reading the ones before it in the group (generate/ranks.py, generate/collectives.py).
+    ("babysitter-stall.rules", _stall_rules),
+    # Reads the training, rank-GPU and fabric groups' records (generate/rules_slowdown.py).
+    ("babysitter-slowdown.rules", lambda cfg, r: slowdown_rules(cfg, r, r.slowdown)),
 )
+
+
+#: Recording groups a page reads at the moment it goes out: evaluated every ``page_eval_interval``, not at
+#: the server's default (1 m in the shipped scrape config). The stall rules hold the run's last step and
+#: the hang's culprit: at 1 m a stall page could wait a minute for them, or go out without its culprit.
+_PAGING_RECORDS = frozenset({"babysitter-stall.rules"})
 
 
 def recording_groups(cfg: GenerateConfig) -> list[dict[str, object]]:
     """The ``groups`` of the recording rule file."""
     r = Records(cfg)
-    return [{"name": name, "rules": make(cfg, r)} for name, make in _GROUPS]
+    return [
+        {
+            "name": name,
+            **({"interval": cfg.page_eval_interval} if name in _PAGING_RECORDS else {}),
+            "rules": make(cfg, r),
+        }
+        for name, make in _GROUPS
+    ]
 
 
 def recording_rules(cfg: GenerateConfig) -> list[tuple[str, str]]:
@@ -759,6 +812,19 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
         # Run r5 waits 45 s of every minute for input from minute 3 (nothing before): its likely cause
         # is data wait (growth over its median). Run r6 spends 30 s of every minute in eval: the phase.
         (_series(T.DATA_WAIT.name, {**base, "run": "r5", "rank": "0"}), "0+0x3 45+45x16"),
+        # A user on n9 serves rank 9 of r5 (whose rank 0 declares 1 rank) with a straggler score of 3 and
+        # 50 s of every minute waiting for input: not r5's cause, nor the team its pages go to (before,
+        # its straggling named n9 and sent r5's pages to infra).
+        (_series(T.WORLD_SIZE.name, {**base, "run": "r5", "rank": "0"}), "1+0x20"),
+        *(
+            (_series(name, {**base, "instance": "n9:9400", "run": "r5", "rank": "9"}), values)
+            for name, values in (
+                (N.TRAINER_RANK.name, "9+0x20"),
+                (R.STRAGGLER_SCORE.name, "3+0x20"),
+                (T.INFO.name, "1+0x20"),
+                (T.DATA_WAIT.name, "0+50x20"),
+            )
+        ),
         (_series(G.BADPUT_SECONDS.name, {**base, "run": "r6", "rank": "0", "cause": "eval"}), "0+30x20"),
         # Run r8's rank 2 steps 1.5x slower than the others, with no GPU in train_info: a straggler.
         *(
@@ -960,6 +1026,7 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
                 ],
             },
             collective_tests(cfg),
+            rank_tests(cfg, last_step=r.last_step, step_baseline=r.step_baseline),
         ],
     }
 

@@ -23,6 +23,7 @@ from babysitter.generate.distributed import agent_config, budget_comment, mimir_
 from babysitter.generate.metrics_doc import render_metrics_doc
 from babysitter.generate.rules import Records, recording_groups, recording_tests, recording_window_tests
 from babysitter.generate.rules_fabric import fabric_recording_tests
+from babysitter.generate.rules_slowdown import slowdown_recording_tests
 from babysitter.generate.yamlout import dump
 from babysitter.node.xid.codes import CATALOG as XID_CATALOG
 
@@ -58,6 +59,7 @@ RECORDING_RULES_TEST = f"{ALERT_TESTS_DIR}/recording-rules.yaml"
 #: Its cases over windows longer than a day (a file of its own: 10 min evaluations).
 RECORDING_WINDOWS_TEST = f"{ALERT_TESTS_DIR}/recording-rules-windows.yaml"
 FABRIC_RULES_TEST = f"{ALERT_TESTS_DIR}/recording-rules-fabric.yaml"
+SLOWDOWN_RULES_TEST = f"{ALERT_TESTS_DIR}/recording-rules-slowdown.yaml"
 
 #: Generated files matching these (directory, suffix) pairs that are no longer produced are removed.
 _OWNED = ((DASHBOARDS_DIR, ".json"), (ALERT_TESTS_DIR, ".yaml"))
@@ -126,6 +128,12 @@ def render(cfg: GenerateConfig) -> dict[str, str]:
         files[FABRIC_RULES_TEST] = _yaml(
             fabric_test,
             ("The fabric recording rules (generate/rules_fabric.py): one hand-computed result each.",),
+        )
+        records = Records(cfg)
+        slowdown_test = {"rule_files": rule_files[:1], **slowdown_recording_tests(records, records.slowdown)}
+        files[SLOWDOWN_RULES_TEST] = _yaml(
+            slowdown_test,
+            ("The fail-slow recording rules (generate/rules_slowdown.py): one hand-computed result each.",),
         )
     files[AGENT_CONFIG] = _yaml(
         agent_config(cfg),

@@ -25,6 +25,7 @@ __all__ = [
     "PeakEntry",
     "PeakRow",
     "canonical_device",
+    "describe_rows",
     "detect_device_name",
     "did_you_mean",
     "lookup_peak",
@@ -56,6 +57,16 @@ def _warn_once(key: tuple[str, str], message: str, *args: object) -> None:
     _log.warning(message, *args)
 
 
+def describe_rows(rows: tuple[str, ...] | list[str], dtype: str) -> str:
+    """``'H100 SXM' (989.5 TFLOP/s bf16), 'H100 PCIe' (756 TFLOP/s bf16)``: table rows with their dense
+    peak for ``dtype`` (a normalized spelling), for a message that asks to pick one."""
+    out = []
+    for name in rows:
+        value = PEAK_TABLE[name].peaks.get(dtype) if name in PEAK_TABLE else None
+        out.append(f"{name!r}" + ("" if value is None else f" ({value / 1e12:g} TFLOP/s {dtype})"))
+    return ", ".join(out)
+
+
 def lookup_peak(device_name: str, dtype: str) -> PeakEntry | None:
     """The dense peak of ``device_name`` (any usual spelling) for ``dtype`` (any :func:`normalize_dtype`
     spelling), or None with one warning per (device, dtype) when the table has none.
@@ -67,6 +78,8 @@ def lookup_peak(device_name: str, dtype: str) -> PeakEntry | None:
     if match.device is None:
         close = did_you_mean(device_name)
         hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        if match.choices:
+            hint = f"name one of {describe_rows(match.choices, key)}; or "
         _warn_once(
             (device_name, key),
             "no peak FLOP/s for device %r (%s): MFU is not reported; %spass peak_flops= or a device "

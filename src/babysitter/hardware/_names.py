@@ -3,7 +3,10 @@
 Matching is by whole tokens, never by substring: "NVIDIA L40S" contains "l4", "NVIDIA GH200 480GB"
 contains "h200" and "NVIDIA A100" contains "a10", and substring tables (Lightning's) pick the wrong
 row for exactly these. A name that says the model but not the variant, when variants differ in peak
-(a bare "H100"), resolves to nothing and says why, rather than guessing.
+(a bare "H100", "H200" or "H800"), resolves to nothing and says why and which rows it could mean,
+rather than guessing. The names the hardware itself reports are not guesses: NVML and torch call the
+H200 SXM "NVIDIA H200" and the H800 SXM "NVIDIA H800" (the other parts add "NVL" or "PCIe"), so
+those resolve, with a note saying which part the name stands for.
 """
 
 from __future__ import annotations
@@ -77,6 +80,14 @@ class DeviceMatch:
 
     device: str | None
     reason: str = ""
+    #: The rows an ambiguous name could mean (their peaks differ): pass one of these instead.
+    choices: tuple[str, ...] = ()
+    #: Which part a name that does not spell out its variant stands for, to say next to its peak.
+    note: str = ""
+
+
+_VARIANT = "{model} variant ({parts}) not in the name; their peaks differ"
+_REPORTED = "{name!r} is how NVML and torch name the {part}; the {other} card's name says {other}"
 
 
 def _tokens(name: str) -> list[str]:
@@ -98,13 +109,32 @@ def _nvidia(tok: list[str], s: set[str]) -> DeviceMatch | None:
         return DeviceMatch("B200")
     if "gh200" in s:
         return DeviceMatch("GH200")
+    reported = "nvidia" in s  # spelled as NVML and torch report it, not a model typed by a person
     if "h200" in s:
         # NVML reports the SXM part as plain "NVIDIA H200" (NVIDIA/mig-parted#120) and the PCIe card
-        # as "NVIDIA H200 NVL"; "SXM" in the name is accepted too.
-        return DeviceMatch("H200 NVL" if "nvl" in s else "H200 SXM")
+        # as "NVIDIA H200 NVL"; "SXM" in the name is accepted too. A bare "H200" is either.
+        if "nvl" in s:
+            return DeviceMatch("H200 NVL")
+        if _has_prefix(tok, "sxm"):
+            return DeviceMatch("H200 SXM")
+        if reported:
+            return DeviceMatch(
+                "H200 SXM", note=_REPORTED.format(name="NVIDIA H200", part="H200 SXM", other="NVL")
+            )
+        return DeviceMatch(None, _VARIANT.format(model="H200", parts="SXM or NVL"), ("H200 SXM", "H200 NVL"))
     if "h800" in s:
         # "NVIDIA H800" (the SXM5 part, as torch and NVML name it) and "NVIDIA H800 PCIe"; no NVL part.
-        return DeviceMatch("H800 PCIe" if _has_prefix(tok, "pcie") else "H800 SXM")
+        if _has_prefix(tok, "pcie"):
+            return DeviceMatch("H800 PCIe")
+        if _has_prefix(tok, "sxm"):
+            return DeviceMatch("H800 SXM")
+        if reported:
+            return DeviceMatch(
+                "H800 SXM", note=_REPORTED.format(name="NVIDIA H800", part="H800 SXM", other="PCIe")
+            )
+        return DeviceMatch(
+            None, _VARIANT.format(model="H800", parts="SXM or PCIe"), ("H800 SXM", "H800 PCIe")
+        )
     if "h20" in s:  # "NVIDIA H20"; whole tokens, so "H200" and "GH200" never land here
         return DeviceMatch("H20")
     if "h100" in s:
@@ -114,7 +144,11 @@ def _nvidia(tok: list[str], s: set[str]) -> DeviceMatch | None:
             return DeviceMatch("H100 PCIe")
         if _has_prefix(tok, "sxm") or "hbm3" in s:  # "NVIDIA H100 80GB HBM3"
             return DeviceMatch("H100 SXM")
-        return DeviceMatch(None, "H100 variant (SXM, PCIe, NVL) not in the name; their peaks differ")
+        return DeviceMatch(
+            None,
+            _VARIANT.format(model="H100", parts="SXM, PCIe or NVL"),
+            ("H100 SXM", "H100 PCIe", "H100 NVL"),
+        )
     if "a100" in s:
         if _has_prefix(tok, "pcie"):  # "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"
             return DeviceMatch("A100 PCIe")
@@ -141,7 +175,9 @@ def _nvidia(tok: list[str], s: set[str]) -> DeviceMatch | None:
             return DeviceMatch("V100 PCIe")
         if _has_prefix(tok, "sxm"):  # "Tesla V100-SXM2-16GB"
             return DeviceMatch("V100 SXM")
-        return DeviceMatch(None, "V100 variant (SXM2 or PCIe) not in the name; their peaks differ")
+        return DeviceMatch(
+            None, _VARIANT.format(model="V100", parts="SXM2 or PCIe"), ("V100 SXM", "V100 PCIe")
+        )
     return None
 
 

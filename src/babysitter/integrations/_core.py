@@ -8,12 +8,15 @@ never values), adds integers and reads the host clock.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from babysitter.flops import FlopsUnavailable, infer
+from babysitter.training.config import missing_flops_said
 from babysitter.training.straggler import StragglerMonitor
 from babysitter.training.tracker import Tracker
 from babysitter.training.watch import watch
@@ -116,31 +119,52 @@ class CallbackCore:
 
     # ------------------------------------------------------------------ setup
 
-    def needs_seq_len(self, model: object) -> bool:
-        """True when FLOPs would come from a config but no sequence length is known yet."""
+    def waits_for_batch(self, model: object) -> bool:
+        """True when FLOPs must come from the model and it can give them only once training runs: its
+        attention term needs the sequence length the first batch shows, or its parameters are created
+        after setup (Lightning's ``configure_model``)."""
         kw = self.watch_kwargs
-        return (
-            kw.get("flops_per_token") is None
-            and kw.get("seq_len") is None
-            and find_config_owner(model) is not None
-        )
+        if kw.get("flops_per_token") is not None or model is None:
+            return False
+        try:
+            infer(model, seq_len=kw.get("seq_len"))
+        except FlopsUnavailable as exc:
+            return exc.pending
+        except Exception:  # ensure() says what is wrong, once
+            return False
+        return False
 
     def ensure(self, model: object, seq_len: int | None = None, **defaults: Any) -> Tracker | None:
-        """Create the tracker once (on every rank, at the same point of training). Never raises twice."""
+        """Create the tracker once (on every rank, at the same point of training). Never raises twice.
+
+        FLOPs per token come from ``flops_per_token=``, else from the model (:func:`babysitter.flops.infer`
+        with ``seq_len=`` or the first batch's length). When they cannot, one warning says why and
+        names the argument that fixes it, and the tracker runs without FLOPs and MFU.
+        """
         if self.tracker is not None:
             return self.tracker
         self._model = model
         kwargs = {**defaults, **self.watch_kwargs}
-        owner = find_config_owner(model) if kwargs.get("flops_per_token") is None else None
-        if kwargs.get("seq_len") is None and seq_len is not None and owner is not None:
-            kwargs["seq_len"] = seq_len
-        try:
-            self.tracker = watch(owner, **kwargs)
-        except ValueError as exc:
-            if owner is None or "FLOPs" not in str(exc):
-                raise
-            log.warning("babysitter: %s; tracking without FLOPs/MFU", exc)
-            self.tracker = watch(None, **kwargs)
+        if kwargs.get("flops_per_token") is None and defaults.get("flops_per_token") is not None:
+            kwargs["flops_per_token"] = defaults["flops_per_token"]  # Lightning's flops_per_batch
+        said = False
+        if kwargs.get("flops_per_token") is None:
+            length = kwargs.get("seq_len") or seq_len
+            try:
+                if model is None:
+                    raise FlopsUnavailable("the framework gave no model", argument="flops_per_token")
+                kwargs["flops_per_token"] = infer(model, seq_len=length)
+            except FlopsUnavailable as exc:
+                said = True
+                log.warning(
+                    "babysitter: no FLOPs per token, so train_model_flops_total and MFU are not reported: "
+                    "%s. Pass %s= to the Babysitter callback%s",
+                    exc.reason,
+                    exc.argument,
+                    " (the length of the sequences it trains on)" if exc.argument == "seq_len" else "",
+                )
+        with missing_flops_said() if said else contextlib.nullcontext():
+            self.tracker = watch(find_config_owner(model), **kwargs)
         if self.straggler_every is not None:
             monitor = StragglerMonitor(self.tracker, every=self.straggler_every)
             if monitor.start() or monitor.waiting:

@@ -24,7 +24,11 @@ Hugging Face callbacks see neither the batch nor the start of evaluation or of a
 * **Checkpoint saves**: ``DefaultFlowCallback`` decides ``control.should_save`` before this
   callback's ``on_step_end``; the save starts right after that hook (or after ``on_evaluate``
   when the step also evaluates) and ends at ``on_save``.
-* **FLOPs** from ``model.config``; without ``seq_len`` the tracker starts at the first batch.
+* **FLOPs** from ``flops_per_token=``, else from the model (:func:`babysitter.flops.infer`):
+  ``model.config`` of a covered ``model_type``, else the model's parameters counted (6N) with its
+  attention layers, or its config's ``n_layer``/``n_head``/``n_embd`` (a nanoGPT-style config),
+  for 12·L·H·Q·T. Without ``seq_len`` the tracker starts at the first batch, whose shape gives it.
+  When no FLOPs can be had, one warning says why and names the argument to pass.
 * **Parallel layout** from ``args.parallelism_config`` (accelerate's ``ParallelismConfig``: tensor,
   context and sequence parallel sizes) or the model's own tensor-parallel size (``tp_plan``);
   ``parallelism=`` overrides it. Under context or sequence parallelism the Trainer hands the model
@@ -115,7 +119,7 @@ class Babysitter(TrainerCallback):  # type: ignore[misc, unused-ignore]
         tracker = self.core.tracker
         if tracker is None and checkpoint is not None:
             try:
-                if self.core.needs_seq_len(self._model):
+                if self.core.waits_for_batch(self._model):
                     if not self._load_warned:
                         self._load_warned = True
                         log.warning(
@@ -176,7 +180,7 @@ class Babysitter(TrainerCallback):  # type: ignore[misc, unused-ignore]
         self._seq_shards = _sequence_shards(args)
         if model is not None and hasattr(model, "register_forward_pre_hook") and self._hook is None:
             self._hook = model.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
-        if not self.core.needs_seq_len(model):
+        if not self.core.waits_for_batch(model):
             self._start(None)
 
     def _start(self, seq_len: int | None) -> None:

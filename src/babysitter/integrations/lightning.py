@@ -10,10 +10,15 @@ What it reads, and where:
   micro-batch, so the callback steps when ``trainer.global_step`` moves (gradient accumulation and
   skipped optimizer steps are respected). The loss tensor is handed over detached and read later
   by the tracker, off the training thread.
-* **FLOPs** from ``pl_module.flops_per_batch`` when set (ThroughputMonitor's convention: FLOPs of
-  one micro-batch through the whole model, forward and backward), divided by the first batch's
-  tokens; else from the module's (or its first child's) Hugging Face style ``config``; without
-  ``seq_len`` the tracker starts at the first batch, which gives the sequence length.
+* **FLOPs** from ``flops_per_token=``; else ``pl_module.flops_per_batch`` when set
+  (ThroughputMonitor's convention: FLOPs of one micro-batch through the whole model, forward and
+  backward), divided by the first batch's tokens; else from the module
+  (:func:`babysitter.flops.infer`): its (or its first child's) Hugging Face ``config`` of a covered
+  type, else its parameters counted (6N) with the attention layers it holds (12·L·H·Q·T), which
+  covers nanoGPT and plain modules. When the attention term needs the sequence length and
+  ``seq_len`` is not given, the tracker starts at the first batch, whose shape gives it (so does a
+  module whose parameters ``configure_model`` creates). When no FLOPs can be had, one warning says
+  why and names the argument to pass (``seq_len=`` or ``flops_per_token=``).
 * **The trainer's loggers** (W&B, TensorBoard, MLflow, CSV...) get tokens/s, MFU, HFU, data-wait
   fraction and goodput from rank 0's tracker snapshot every ``log_every_n_steps``, under
   ``log_prefix`` (``babysitter/mfu``...); plain floats, so logging adds no device sync.
@@ -107,7 +112,7 @@ class Babysitter(_Callback):  # type: ignore[misc, unused-ignore]
             return
         self._trainer = trainer
         self._wrap_checkpointing(trainer)
-        if not self.core.needs_seq_len(pl_module) and _flops_per_batch(pl_module) is None:
+        if not self.core.waits_for_batch(pl_module) and _flops_per_batch(pl_module) is None:
             self._start(trainer, pl_module, None, None)
 
     def _start(self, trainer: Any, pl_module: Any, seq_len: int | None, tokens: int | None) -> None:

@@ -8,9 +8,11 @@ last record for one that ended) is given to exactly one bucket, gap by gap, so
 * a gap in which the watchdog declared a hang is ``hang``;
 * the rest of a gap loses the data wait recorded in it to ``data_stall`` (waiting on the first batch
   included); the rest of gap 0 is ``startup`` (unless the incarnation continues from a deleted file,
-  whose gap 0 is a step); what remains of a step's gap is productive
-  when the step was kept, or ``lost_progress`` when a later incarnation (or a rollback load) resumed from
-  an earlier step, i.e. the step is above the lowest resume step of everything that came after it;
+  whose gap 0 is a step); of what remains of a step's gap, the time beyond the run's ideal step time
+  (when the step was slow: :mod:`babysitter.ledger.slowdown`) is ``slowdown``, and the rest is
+  productive when the step was kept, or ``lost_progress`` when a later incarnation (or a rollback
+  load) resumed from an earlier step, i.e. the step is above the lowest resume step of everything that
+  came after it;
 * an incarnation's tail (last boundary to its last sign of life) is ``lost_progress`` after a crash and
   ``other`` after a clean end; between incarnations (and after a dead one, up to ``now``) it is
   ``downtime``.
@@ -29,6 +31,7 @@ from itertools import accumulate, pairwise
 from typing import Literal
 
 from babysitter.catalog.goodput import BADPUT_CAUSES
+from babysitter.ledger.slowdown import SlowBook
 from babysitter.ledger.timeline import Incarnation, Piece, Timeline
 
 __all__ = ["Accountant", "Accounting", "TailMode"]
@@ -84,19 +87,22 @@ class Accounting:
 
 @dataclass
 class _Pool:
-    """Step time that is productive or lost depending on later resumes: per segment, prefix sums."""
+    """Step time that is productive or lost depending on later resumes: per segment, prefix sums of
+    the steps' remainders and of their slowdown (which is slowdown whatever the step's fate)."""
 
     steps: list[array[int]] = field(default_factory=list)
     cum: list[array[int]] = field(default_factory=list)
+    scum: list[array[int]] = field(default_factory=list)
     ordered: list[bool] = field(default_factory=list)
 
-    def extend(self, seg: int, steps: list[int], rems: list[int]) -> None:
-        """Append steps (in order) and their remainders to segment ``seg``."""
+    def extend(self, seg: int, steps: list[int], rems: list[int], slows: list[int]) -> None:
+        """Append steps (in order), their remainders and their slowdown to segment ``seg``."""
         while len(self.steps) <= seg:
             self.steps.append(array("q"))
             self.cum.append(array("q"))
+            self.scum.append(array("q"))
             self.ordered.append(True)
-        mine, cum = self.steps[seg], self.cum[seg]
+        mine, cum, scum = self.steps[seg], self.cum[seg], self.scum[seg]
         if self.ordered[seg] and steps:
             last = mine[-1] if mine else steps[0]
             if steps[0] < last or any(b < a for a, b in pairwise(steps)):
@@ -105,23 +111,33 @@ class _Pool:
         running = accumulate(rems, initial=cum[-1] if cum else 0)
         next(running)  # the initial value is already there (or zero)
         cum.extend(running)
+        slowing = accumulate(slows, initial=scum[-1] if scum else 0)
+        next(slowing)
+        scum.extend(slowing)
 
-    def kept(self, seg: int, threshold: int) -> tuple[int, int]:
-        """``(kept, lost)`` of one segment when steps above ``threshold`` are lost."""
+    def kept(self, seg: int, threshold: int) -> tuple[int, int, int]:
+        """``(kept, lost, slowdown)`` of one segment when steps above ``threshold`` are lost: the
+        kept and lost step time net of the slowdown, and the slowdown of all its steps."""
         if seg >= len(self.steps) or not self.steps[seg]:
-            return 0, 0
-        steps, cum = self.steps[seg], self.cum[seg]
-        total = cum[-1]
+            return 0, 0, 0
+        steps, cum, scum = self.steps[seg], self.cum[seg], self.scum[seg]
+        total, slowed = cum[-1], scum[-1]
         if self.ordered[seg]:
             idx = bisect_right(steps, threshold)
             kept = cum[idx - 1] if idx else 0
+            kept_slow = scum[idx - 1] if idx else 0
         else:
-            kept, prev = 0, 0
-            for s, c in zip(steps, cum, strict=True):
+            kept = kept_slow = prev = sprev = 0
+            for s, c, sc in zip(steps, cum, scum, strict=True):
                 if s <= threshold:
                     kept += c - prev
-                prev = c
-        return kept, total - kept
+                    kept_slow += sc - sprev
+                prev, sprev = c, sc
+        return kept - kept_slow, total - kept - (slowed - kept_slow), slowed
+
+
+#: A step classified outside the pool: ``(segment, step, remainder, slowdown)``.
+_Loose = tuple[int, int, int, int]
 
 
 @dataclass
@@ -133,7 +149,7 @@ class _Cache:
     fixed: dict[str, int] = field(default_factory=dict)
     pool: _Pool = field(default_factory=_Pool)
     #: The tail's classification of a finished incarnation: ``(key, fixed, loose, pending)``.
-    rest: tuple[tuple[int, int, str | None], dict[str, int], list[tuple[int, int, int]], int] | None = None
+    rest: tuple[tuple[int, int, str | None], dict[str, int], list[_Loose], int] | None = None
 
 
 class _Sink:
@@ -142,22 +158,22 @@ class _Sink:
     def __init__(self, fixed: dict[str, int], pool: _Pool | None) -> None:
         self.fixed = fixed
         self.pool = pool
-        self.loose: list[tuple[int, int, int]] = []  # (segment, step, rem) when pool is None
+        self.loose: list[_Loose] = []  # when pool is None
         self.pending = 0
 
     def put(self, cause: str, us: int) -> None:
         if us:
             self.fixed[cause] = self.fixed.get(cause, 0) + us
 
-    def take(self, seg: list[int], steps: list[int], rems: list[int]) -> None:
-        """Step remainders of one pass, in gap order."""
+    def take(self, seg: list[int], steps: list[int], rems: list[int], slows: list[int]) -> None:
+        """Step remainders (and their slowdown) of one pass, in gap order."""
         if self.pool is None:
-            self.loose.extend(zip(seg, steps, rems, strict=True))
+            self.loose.extend(zip(seg, steps, rems, slows, strict=True))
             return
         start = 0
         for k in range(1, len(seg) + 1):
             if k == len(seg) or seg[k] != seg[start]:
-                self.pool.extend(seg[start], steps[start:k], rems[start:k])
+                self.pool.extend(seg[start], steps[start:k], rems[start:k], slows[start:k])
                 start = k
 
 
@@ -195,8 +211,10 @@ def _classify(
     stop: int,
     tail: str | None,
     sink: _Sink,
+    slow: array[int],
 ) -> None:
-    """Classify gaps ``j0..j1-1`` (``inc.n`` is the tail) clipped to ``[lo, hi]`` and the incarnation.
+    """Classify gaps ``j0..j1-1`` (``inc.n`` is the tail) clipped to ``[lo, hi]`` and the incarnation;
+    ``slow``: each gap's slowdown (the part of its remainder beyond the ideal step time).
 
     Plain step gaps (the vast majority) go through list comprehensions; the few special ones through
     the careful per-gap path.
@@ -214,7 +232,9 @@ def _classify(
     out_seg: list[int] = []
     out_step: list[int] = []
     out_rem: list[int] = []
+    out_slow: list[int] = []
     wait_total = 0
+    decided = len(slow)
 
     def careful(j: int) -> None:
         nonlocal wait_total
@@ -260,6 +280,10 @@ def _classify(
         out_seg.append(0 if not split_times else inc.segment_of_gap(j, split_times))
         out_step.append(steps[j])
         out_rem.append(rem)
+        slowed = slow[j] if j < decided else 0
+        if slowed and c1 - c0 != g1 - g0:
+            slowed = slowed * (c1 - c0) // (g1 - g0)  # cut by a window: in proportion, as the wait
+        out_slow.append(slowed if slowed < rem else rem)
 
     # Gaps wholly before ``lo`` or after ``hi`` contribute nothing.
     j0 = max(j0, bisect_right(ends, lo))
@@ -277,11 +301,14 @@ def _classify(
             out_seg.extend([0 if not split_times else inc.segment_of_gap(j, split_times)] * len(gaps))
             out_step.extend(steps[j:special])
             out_rem.extend([g - w for g, w in zip(gaps, waits, strict=True)])
+            out_slow.extend(slow[j:special])
+            if special > decided:  # not decided yet (never after SlowBook.update): nothing slow
+                out_slow.extend([0] * (special - max(j, decided)))
         if special < j1:
             careful(special)
         j = special + 1
     put("data_stall", wait_total)
-    sink.take(out_seg, out_step, out_rem)
+    sink.take(out_seg, out_step, out_rem, out_slow)
 
 
 def _open_floor(inc: Incarnation) -> int:
@@ -302,6 +329,8 @@ class Accountant:
         self.timeline = timeline
         self._settle = round(settle_seconds * US)
         self._caches: dict[int, _Cache] = {}
+        #: Each step's slowdown, decided once in ledger order (the live counters never go down).
+        self.slow = SlowBook(timeline)
 
     # -------------------------------------------------------------- layout
 
@@ -364,9 +393,10 @@ class Accountant:
         fixed: dict[str, int] = {}
         if not incs:
             return self._result(0, 0, fixed, [], 0)
+        self.slow.update()
         layout = self._layout(now_us, live)
         thresholds = self.thresholds()
-        loose_all: list[tuple[int, list[tuple[int, int, int]], _Pool]] = []
+        loose_all: list[tuple[int, list[_Loose], _Pool]] = []
         pending = 0
         for i, inc in enumerate(incs):
             stop, tail_cause, growing = layout[i]
@@ -393,6 +423,7 @@ class Accountant:
                     stop=stop,
                     tail=None,
                     sink=_Sink(cache.fixed, cache.pool),
+                    slow=self.slow.of(i),
                 )
                 cache.next_gap = limit
             for cause, us in cache.fixed.items():
@@ -402,7 +433,17 @@ class Accountant:
             key = (stop, cache.next_gap, rest_tail)
             if growing or cache.rest is None or cache.rest[0] != key:
                 sink = _Sink({}, None)
-                _classify(inc, cache.next_gap, n + 1, lo=-_INF, hi=_INF, stop=stop, tail=rest_tail, sink=sink)
+                _classify(
+                    inc,
+                    cache.next_gap,
+                    n + 1,
+                    lo=-_INF,
+                    hi=_INF,
+                    stop=stop,
+                    tail=rest_tail,
+                    sink=sink,
+                    slow=self.slow.of(i),
+                )
                 cache.rest = (key, sink.fixed, sink.loose, sink.pending)
             _, rest_fixed, rest_loose, rest_pending = cache.rest
             for cause, us in rest_fixed.items():
@@ -413,21 +454,25 @@ class Accountant:
                 fixed["downtime"] = fixed.get("downtime", 0) + max(0, incs[i + 1].begin - stop)
             elif not growing and inc.end is None and now_us is not None and now_us > stop:
                 fixed["downtime"] = fixed.get("downtime", 0) + now_us - stop
-        productive, lost = 0, 0
+        productive, lost, slowed = 0, 0, 0
         saved = self._saved_max() if hold and not (incs[-1].end is not None and incs[-1].end.clean) else None
         for i, loose, pool in loose_all:
             thr = thresholds[i]
             for seg, limit_step in enumerate(thr):
                 if saved is not None and limit_step == _INF:
-                    kept, gone = pool.kept(seg, saved)
+                    kept, gone, slow = pool.kept(seg, saved)
                     productive += kept
                     pending += gone
+                    slowed += slow
                     continue
-                kept, gone = pool.kept(seg, limit_step)
+                kept, gone, slow = pool.kept(seg, limit_step)
                 productive += kept
                 lost += gone
-            for seg, step, rem in loose:
+                slowed += slow
+            for seg, step, step_rem, slow in loose:
                 limit_step = thr[min(seg, len(thr) - 1)]
+                slowed += slow
+                rem = step_rem - slow
                 if saved is not None and limit_step == _INF:
                     if step > saved:
                         pending += rem
@@ -438,6 +483,7 @@ class Accountant:
                 else:
                     productive += rem
         fixed["lost_progress"] = fixed.get("lost_progress", 0) + lost
+        fixed["slowdown"] = fixed.get("slowdown", 0) + slowed
         last_stop = layout[-1][0]
         last_inc = incs[-1]
         horizon = last_stop
@@ -485,10 +531,12 @@ class Accountant:
         fixed: dict[str, int] = {}
         if not incs or hi_us <= lo_us:
             return self._result(lo_us, hi_us, fixed, [], 0)
+        self.slow.update()
         layout = self._layout(now_us, live)
         thresholds = self.thresholds()
         productive = 0
         lost = 0
+        slowed = 0
         for i, inc in enumerate(incs):
             stop, tail_cause, growing = layout[i]
             if growing and tail_cause is None:
@@ -497,9 +545,12 @@ class Accountant:
                 j0 = bisect_right(inc.ends, lo_us)
                 j1 = min(inc.n, bisect_right(inc.ends, hi_us)) + 1
                 sink = _Sink(fixed, None)
-                _classify(inc, j0, j1, lo=lo_us, hi=hi_us, stop=stop, tail=tail_cause, sink=sink)
+                slow_i = self.slow.of(i)
+                _classify(inc, j0, j1, lo=lo_us, hi=hi_us, stop=stop, tail=tail_cause, sink=sink, slow=slow_i)
                 thr = thresholds[i]
-                for seg, step, rem in sink.loose:
+                for seg, step, step_rem, slow in sink.loose:
+                    slowed += slow
+                    rem = step_rem - slow
                     if step > thr[min(seg, len(thr) - 1)]:
                         lost += rem
                     else:
@@ -512,4 +563,5 @@ class Accountant:
                 if b > a:
                     fixed["downtime"] = fixed.get("downtime", 0) + b - a
         fixed["lost_progress"] = fixed.get("lost_progress", 0) + lost
+        fixed["slowdown"] = fixed.get("slowdown", 0) + slowed
         return self._result(max(lo_us, incs[0].begin), hi_us, fixed, [productive], 0)

@@ -38,6 +38,8 @@ from typing import Literal
 
 import psutil
 
+from babysitter import jsonin
+
 __all__ = ["LedgerLockedError", "LockInfo", "RefreshResult", "WriterLock", "lock_is_live", "read_lock"]
 
 _VERSION = 2
@@ -83,7 +85,7 @@ def read_lock(path: Path) -> LockInfo | None:
         os.close(fd)
     ident = (st.st_dev, st.st_ino)
     try:
-        obj = json.loads(raw)
+        obj = jsonin.loads(raw, max_bytes=_MAX_LOCK_BYTES)
         return LockInfo(
             host=str(obj["host"]),
             pid=int(obj["pid"]),
@@ -93,7 +95,7 @@ def read_lock(path: Path) -> LockInfo | None:
             run=str(obj.get("run", "")),
             ident=ident,
         )
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
         return LockInfo(host="", pid=0, pst=0.0, token="", heartbeat=st.st_mtime, run="", ident=ident)
 
 
@@ -121,8 +123,8 @@ def _token(fd: int) -> str | None:
     cannot be read."""
     raw = os.pread(fd, _MAX_LOCK_BYTES, 0)
     try:
-        return str(json.loads(raw)["token"])
-    except (ValueError, KeyError, TypeError, RecursionError):
+        return str(jsonin.loads(raw, max_bytes=_MAX_LOCK_BYTES)["token"])
+    except (ValueError, KeyError, TypeError):
         return None
 
 

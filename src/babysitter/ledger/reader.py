@@ -2,22 +2,25 @@
 
 A line counts as *torn* when it is the unterminated last line of the file (SIGKILL or a full disk
 mid-write) or when it does not parse as JSON (a torn line that a later writer terminated with its
-own newline, or one nested too deep to parse); *invalid* when it is JSON but not a record this version
-understands (an unknown kind, a missing field, a value out of range); *fenced* when a writer wrote it
-after another writer had taken the lock over (its tag is not the newest start's).
+own newline), when it is longer than :data:`MAX_LINE` (skipped unparsed), or nested too deep to parse
+(no writer writes either; a line read on its own is parsed only within :mod:`babysitter.jsonin`'s
+bounds); *invalid* when it is JSON but not a record this version understands (an unknown kind, a
+missing field, a value out of range); *fenced* when a writer wrote it after another writer had taken
+the lock over (its tag is not the newest start's).
+
+A ledger is read whole only up to :data:`MAX_LEDGER_BYTES` and only when it is a regular file (a FIFO
+or a device in its place is an OSError, never a reader blocked forever).
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from babysitter import jsonin
 from babysitter.ledger.records import (
     CheckpointEnd,
     FencedLineError,
@@ -29,9 +32,13 @@ from babysitter.ledger.records import (
 )
 from babysitter.ledger.saves import SaveLog
 from babysitter.ledger.timeline import Timeline
+from babysitter.userfiles import read_regular
 
 __all__ = [
     "DEFAULT_FILE_NAME",
+    "MAX_LEDGER_BYTES",
+    "MAX_LINE",
+    "MAX_SAVE_LINE",
     "CheckpointRecord",
     "LedgerFile",
     "completed_checkpoints",
@@ -45,6 +52,17 @@ log = logging.getLogger(__name__)
 
 #: The ledger's file name in the run directory unless configured otherwise.
 DEFAULT_FILE_NAME = "babysitter-ledger.jsonl"
+
+#: Longest ledger line parsed. The writer's longest line is a progress line of every step of one
+#: flush interval (~30 bytes a step: 5 s at 20,000 steps/s is 3 MB); longer ones are skipped as torn.
+MAX_LINE = 16 << 20
+
+#: Longest line of a save's story parsed (start, checkpoint and end lines: a path of at most 1,024
+#: characters and a few numbers; a start's ``info`` a few dozen scalars).
+MAX_SAVE_LINE = 64 << 10
+
+#: Largest ledger read whole: 20 times a month-long run's (47 MB, ``benchmarks/results/ledger.md``).
+MAX_LEDGER_BYTES = 1 << 30
 
 
 @dataclass
@@ -65,10 +83,13 @@ _BAD_LINE = (ValueError, TypeError, ArithmeticError, LookupError)
 
 
 def _parse(
-    data: bytes, consume: Callable[[object], None], only: tuple[bytes, ...] | None = None
+    data: bytes,
+    consume: Callable[[object], None],
+    only: tuple[bytes, ...] | None = None,
+    max_line: int = MAX_LINE,
 ) -> LedgerFile:
     """Split ``data`` into lines and hand each parsed line to ``consume`` (SchemaError = invalid,
-    FencedLineError = fenced)."""
+    FencedLineError = fenced); lines longer than ``max_line`` or nested too deep count as torn."""
     out = LedgerFile(size=len(data), ends_with_newline=not data or data.endswith(b"\n"))
     lines = data.split(b"\n")
     if out.ends_with_newline:
@@ -79,11 +100,18 @@ def _parse(
             out.torn_lines += 1
     if only is not None:
         lines = [raw for raw in lines if any(key in raw for key in only)]
+    if lines and max(map(len, lines)) > max_line:  # checked in C; a rare ledger pays for the filter
+        kept = [raw for raw in lines if len(raw) <= max_line]
+        out.torn_lines += len(lines) - len(kept)
+        lines = kept
     block = 4096
     for k in range(0, len(lines), block):
         chunk = [raw for raw in lines[k : k + block] if raw]
         try:
-            # One parse per block (C speed); any odd line sends the block down the careful path.
+            # One parse per block (C speed); any odd line sends the block down the careful path, where
+            # each line's size and depth are checked before it is parsed. (Checking the block's depth
+            # first would cost 7.5 % of a read; a block nested past the interpreter's limit fails
+            # with RecursionError at once, and is read line by line like any other odd block.)
             objs = json.loads(b"[" + b",".join(chunk) + b"]")
             if len(objs) != len(chunk):
                 raise ValueError("line count mismatch")
@@ -93,8 +121,8 @@ def _parse(
                 if not raw.strip(b"\x00 \t\r"):
                     continue
                 try:
-                    objs.append(json.loads(raw))
-                except (ValueError, RecursionError):
+                    objs.append(jsonin.loads(raw, max_bytes=max_line))
+                except ValueError:
                     out.torn_lines += 1
         for obj in objs:
             try:
@@ -125,11 +153,9 @@ class _Records:
 
 
 def _read_regular(path: Path) -> bytes:
-    """The file's bytes; OSError when it is not a regular file (a device or FIFO never ends)."""
-    with path.open("rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError(errno.EINVAL, "the ledger is not a regular file", str(path))
-        return f.read()
+    """The file's bytes; OSError when it is not a regular file (a device or FIFO never ends, and is
+    never opened) or is larger than :data:`MAX_LEDGER_BYTES`."""
+    return read_regular(path, limit=MAX_LEDGER_BYTES)
 
 
 def read_ledger(path: Path) -> LedgerFile:
@@ -171,6 +197,8 @@ class CheckpointRecord:
     path: str | None
     nbytes: int | None
     time: float
+    #: The directory the ledger was written in (see :func:`babysitter.ledger.paths.resolve`).
+    origin: str | None = None
 
 
 def completed_checkpoints(run_dir: Path, *, file_name: str = DEFAULT_FILE_NAME) -> list[CheckpointRecord]:
@@ -178,21 +206,25 @@ def completed_checkpoints(run_dir: Path, *, file_name: str = DEFAULT_FILE_NAME) 
 
     For the node agent's checkpoint sentinel, which checks that these still exist with their size.
     ``time`` is the Unix time (seconds) the save ended; ``path``/``nbytes`` are what the training script
-    passed (None when it passed nothing). Only lines of checkpoint ends are parsed, so this stays fast
-    on a month-long ledger. An absent ledger gives an empty list; torn lines are skipped. Raises OSError
-    only when the ledger exists but cannot be read.
+    passed (None when it passed nothing), the path as the ledger stores it (relative to the run
+    directory when inside it: :func:`babysitter.ledger.paths.resolve` says where it is now). Only
+    lines of checkpoint ends are parsed, so this stays fast on a month-long ledger. An absent ledger
+    gives an empty list; torn lines are skipped. Raises OSError only when the ledger exists but cannot
+    be read.
     """
     try:
         data = _read_regular(run_dir / file_name)
     except FileNotFoundError:
         return []
     records = _Records()
-    _parse(data, records, only=(b'"k":"cke"', b'"k":"start"'))
-    found = [
-        CheckpointRecord(step=r.step, path=r.path, nbytes=r.nbytes, time=r.t / 1_000_000)
-        for r in records.records
-        if isinstance(r, CheckpointEnd) and r.op == "save" and r.ok
-    ]
+    _parse(data, records, only=(b'"k":"cke"', b'"k":"start"'), max_line=MAX_SAVE_LINE)
+    found = []
+    origin: str | None = None
+    for r in records.records:
+        if isinstance(r, Start):
+            origin = r.directory
+        elif isinstance(r, CheckpointEnd) and r.op == "save" and r.ok:
+            found.append(CheckpointRecord(r.step, r.path, r.nbytes, r.t / 1_000_000, origin))
     found.sort(key=lambda c: c.time)
     return found
 
@@ -213,7 +245,7 @@ def read_saves(run_dir: Path, *, file_name: str = DEFAULT_FILE_NAME) -> SaveLog:
     except FileNotFoundError:
         return log_
     records = _Records()
-    _parse(data, records, only=SAVE_KINDS)
+    _parse(data, records, only=SAVE_KINDS, max_line=MAX_SAVE_LINE)
     for record in records.records:
         log_.add(record)
     return log_

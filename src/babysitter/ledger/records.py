@@ -11,7 +11,10 @@ line whose tag is not the newest start's, i.e. a line a writer wrote after anoth
 over from it. Kinds:
 
 ``start``  an incarnation (process) began tracking the run: ``t``, ``pst`` (process start), ``id``
-           (random incarnation id), ``host``, ``pid``, ``run``, ``info`` (free-form: world size, version...).
+           (random incarnation id), ``host``, ``pid``, ``run``, ``info`` (free-form: world size, version...),
+           ``dir`` (the absolute directory the ledger was written in: checkpoint paths inside it are
+           written relative to it, those outside absolute; :mod:`babysitter.ledger.paths`; absent in
+           ledgers written before it was recorded, or when it is longer than ``MAX_STR``).
            A *continuation segment* (the writer found its file deleted or replaced) repeats the
            incarnation's start with ``seg`` (1, 2...), ``t`` when the segment began, and what the
            lost part said: ``ls``/``lb`` (the last step written and its end time), ``rs`` (the step
@@ -24,7 +27,9 @@ over from it. Kinds:
            boundary), ``x`` (``[[i, n], ...]``: boundary ``i`` also stands for ``n`` earlier
            boundaries the tracker could not keep, their time included), ``mf`` (model FLOPs, 5
            digits); ``pk`` (dense peak FLOP/s) only when it changed since the incarnation's previous
-           line. The most frequent line, so the most compact (one list, not two, saves 9 bytes a line).
+           line; ``tk`` (tokens of each boundary's step: one integer when they are all the same, else
+           one per boundary; absent when unknown), what the slowdown baseline scales with. The most
+           frequent line, so the most compact (one list, not two, saves 9 bytes a line).
            Version 1 wrote ``d`` and ``dw``, one data wait total for the whole line.
 ``ckb``    checkpoint begin: ``t``, ``op`` (save|load), ``step``, ``path``
 ``cke``    checkpoint end: ``t``, ``op``, ``step``, ``ok``, ``bytes``, ``path``; ``man`` (true) when the
@@ -42,6 +47,10 @@ over from it. Kinds:
            this incarnation wrote before this line is ``by`` higher in the loop's numbering (a restart
            that did not call ``checkpoint_load``: the tracker counted from 0, the loop from its resume
            step; the tracker adopts the loop's numbers at the first one it is told)
+``strg``   the straggler exchange named the rank the others wait for: ``t``, ``rank``, ``score`` (its
+           work over the median rank's), ``host``, ``gpu``; ``rank`` null when no rank is slow any
+           more. Written by rank 0 at a straggler round (every N steps), only while one is slow and
+           once when none is; readers before it skip the line as invalid (counted), nothing else
 ``end``    the tracker closed: ``t``, ``clean``
 
 Every integer (times, durations, steps, bytes, pids) lies in ``[0, MAX_INT]`` and every float (FLOPs)
@@ -81,12 +90,14 @@ __all__ = [
     "Renumber",
     "SchemaError",
     "Start",
+    "Straggler",
     "decode",
     "encode",
     "fence_of",
     "fence_tag",
     "in_range",
     "progress_fields",
+    "progress_work",
     "to_us",
 ]
 
@@ -163,6 +174,8 @@ class Start:
     last_step: int | None = None
     last_end: int | None = None
     resumed: int | None = None
+    #: The absolute directory the ledger was written in (None: not recorded).
+    directory: str | None = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +195,8 @@ class Progress:
     peak_flops: float | None
     waits: tuple[int, ...] | None = None
     extra: tuple[tuple[int, int], ...] = ()
+    #: Tokens of each boundary's step (None: unknown); the slowdown baseline follows them.
+    work: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -264,6 +279,17 @@ class Renumber:
 
 
 @dataclass(frozen=True)
+class Straggler:
+    """The straggler exchange's slowest rank (``rank`` None: no rank is slow any more)."""
+
+    t: int
+    rank: int | None
+    score: float = 0.0
+    host: str | None = None
+    gpu: str | None = None
+
+
+@dataclass(frozen=True)
 class End:
     """The tracker closed; ``clean`` when training ended normally."""
 
@@ -282,6 +308,7 @@ Record = (
     | Hang
     | Alive
     | Renumber
+    | Straggler
     | End
 )
 
@@ -361,6 +388,13 @@ def _progress_line(record: Progress, fence: str | None) -> bytes:
     peak = None if record.peak_flops is None else _flops_text(record.peak_flops)
     if peak is not None:
         parts.append(f',"pk":{peak}')
+    work = record.work
+    if work is not None and len(work) == len(ends) and any(work):
+        first_work = work[0]
+        if all(w == first_work for w in work):
+            parts.append(f',"tk":{_check(first_work, "tokens")}')
+        else:
+            parts.append(f',"tk":[{_ints(work, "tokens")}]')
     if fence is not None:
         parts.append(f',"f":{json.dumps(fence, ensure_ascii=True)}')
     parts.append("}\n")
@@ -387,6 +421,8 @@ def encode(record: Record, *, fence: str | None = None) -> bytes:
             run=_cut(record.run),
             info=info,
         )
+        if record.directory is not None and len(record.directory) <= MAX_STR:
+            head["dir"] = record.directory
         if record.segment:
             head["seg"] = _check(record.segment, "segment")
             if record.last_step is not None and record.last_end is not None:
@@ -443,6 +479,16 @@ def encode(record: Record, *, fence: str | None = None) -> bytes:
         head.update(k="alive", t=_check(record.t, "time"))
     elif isinstance(record, Renumber):
         head.update(k="renum", t=_check(record.t, "time"), by=_check(record.by, "step offset"))
+    elif isinstance(record, Straggler):
+        score = record.score if math.isfinite(record.score) and 0 <= record.score <= MAX_FLOAT else 0.0
+        head.update(
+            k="strg",
+            t=_check(record.t, "time"),
+            rank=None if record.rank is None else _check(record.rank, "rank"),
+            score=round(score, 4),
+            host=_opt_str(record.host),
+            gpu=_opt_str(record.gpu),
+        )
     else:
         head.update(k="end", t=_check(record.t, "time"), clean=record.clean)
     if fence is not None:
@@ -604,8 +650,25 @@ def progress_fields(obj: Mapping[str, object]) -> ProgressFields:
     )
 
 
+def progress_work(obj: Mapping[str, object], n: int) -> Sequence[int] | None:
+    """Tokens of each of a progress line's ``n`` boundaries (``tk``), None when it has none;
+    SchemaError when it is malformed."""
+    value = obj.get("tk")
+    if value is None:
+        return None
+    if type(value) is int:
+        if not 0 <= value <= MAX_INT:
+            raise SchemaError(f"'tk' must be an integer in [0, {MAX_INT}] or a list of them")
+        return [value] * n
+    work = _bounded_ints(value, "tk")
+    if len(work) != n:
+        raise SchemaError("'tk' must list one token count per boundary")
+    return work
+
+
 def _progress(obj: Mapping[str, object]) -> Progress:
     steps, ends, t, waits, flops, peak, extra = progress_fields(obj)
+    work = progress_work(obj, len(ends))
     per_boundary = None if isinstance(waits, int) else tuple(waits)
     return Progress(
         t=t,
@@ -616,6 +679,7 @@ def _progress(obj: Mapping[str, object]) -> Progress:
         peak_flops=peak,
         waits=per_boundary,
         extra=tuple(extra),
+        work=None if work is None else tuple(work),
     )
 
 
@@ -634,6 +698,9 @@ def _start(obj: Mapping[str, object], t: int) -> Start:
     last_step, last_end = _opt_int(obj, "ls"), _opt_int(obj, "lb")
     if (last_step is None) != (last_end is None):
         last_step = last_end = None
+    directory = obj.get("dir")
+    if not (isinstance(directory, str) and directory.startswith("/") and "\x00" not in directory):
+        directory = None  # advisory: without it, absolute paths are read as in older ledgers
     return Start(
         t=t,
         pst=_int(obj, "pst"),
@@ -646,6 +713,20 @@ def _start(obj: Mapping[str, object], t: int) -> Start:
         last_step=last_step,
         last_end=last_end,
         resumed=_opt_int(obj, "rs"),
+        directory=directory,
+    )
+
+
+def _straggler(obj: Mapping[str, object], t: int) -> Straggler:
+    host, gpu = obj.get("host"), obj.get("gpu")
+    if not isinstance(host, str | None) or not isinstance(gpu, str | None):
+        raise SchemaError("'host' and 'gpu' must be strings or null")
+    return Straggler(
+        t=t,
+        rank=_opt_int(obj, "rank"),
+        score=_flops(obj.get("score", 0.0), "score"),
+        host=None if host is None else _cut(host),
+        gpu=None if gpu is None else _cut(gpu),
     )
 
 
@@ -706,6 +787,8 @@ def decode(obj: object) -> Record:
         return Alive(t=t)
     if kind == "renum":
         return Renumber(t=t, by=_int(obj, "by"))
+    if kind == "strg":
+        return _straggler(obj, t)
     if kind == "end":
         clean = obj.get("clean")
         if not isinstance(clean, bool):

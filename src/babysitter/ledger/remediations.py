@@ -14,7 +14,6 @@ and counted, and nothing in it can make the report fail: an unreadable file is a
 from __future__ import annotations
 
 import errno
-import json
 import math
 import os
 import re
@@ -23,6 +22,8 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from babysitter import jsonin
 
 __all__ = [
     "CLOCK_SKEW",
@@ -203,8 +204,8 @@ def read_notes(run_dir: Path, *, run: str | None = None, file_name: str = NOTES_
             notes.skip("too_long")
             continue
         try:
-            obj = json.loads(raw)
-        except (ValueError, RecursionError):
+            obj = jsonin.loads(raw, max_bytes=MAX_LINE)
+        except ValueError:
             notes.skip("torn")
             continue
         try:

@@ -39,6 +39,9 @@ class SaveRecord:
     #: The process that made the save has ended (an end record, or a new incarnation began): a
     #: manifest it did not commit will never come.
     closed: bool = False
+    #: The directory the ledger was written in when the save was recorded (its incarnation's start
+    #: record's ``dir``; None for older ledgers): :func:`babysitter.ledger.paths.resolve` needs it.
+    origin: str | None = None
 
 
 class SaveLog:
@@ -49,6 +52,7 @@ class SaveLog:
         self._max = max_steps
         self._saves: OrderedDict[int, SaveRecord] = OrderedDict()
         self._open: SaveRecord | None = None  # the current incarnation's save under way
+        self._origin: str | None = None  # where the current incarnation wrote the ledger
         self._live: list[int] = []  # steps saved by the current incarnation, not closed yet
 
     def _put(self, record: SaveRecord) -> None:
@@ -75,11 +79,14 @@ class SaveLog:
         if isinstance(record, Start):
             if not record.segment:  # a new process: what its predecessor left open never ended
                 self._close()
+            self._origin = record.directory
         elif isinstance(record, End):
             self._close()
         elif isinstance(record, CheckpointBegin) and record.op == "save":
             self._abort_open()
-            self._open = SaveRecord(record.step, record.path, None, record.t / 1e6, state="aborted")
+            self._open = SaveRecord(
+                record.step, record.path, None, record.t / 1e6, state="aborted", origin=self._origin
+            )
         elif isinstance(record, CheckpointEnd) and record.op == "save":
             began = self._open
             self._open = None
@@ -91,6 +98,7 @@ class SaveLog:
                         record.nbytes,
                         record.t / 1e6,
                         manifest=record.manifest,
+                        origin=self._origin,
                     )
                 )
                 self._live.append(record.step)

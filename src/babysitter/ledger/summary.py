@@ -21,6 +21,7 @@ from babysitter.ledger.advisor import Advice, ClusterRate, advise_timeline
 from babysitter.ledger.lock import lock_is_live, read_lock
 from babysitter.ledger.reader import DEFAULT_FILE_NAME, read_timeline
 from babysitter.ledger.remediations import NOTES_FILE, RemediationNote, match_restarts, read_notes
+from babysitter.ledger.slowcause import SlowdownSplit, split_from_ledger
 from babysitter.ledger.timeline import Incarnation, Timeline
 
 __all__ = ["WINDOWS", "IncarnationSummary", "RestartSummary", "RunSummary", "State", "summarize"]
@@ -54,6 +55,9 @@ class IncarnationSummary:
     segments: int = 0
     #: What the tracker recorded at start: world size, version, device, FLOPs per token, ...
     info: dict[str, object] = field(default_factory=dict)
+    #: The ideal step time of its last judged step, and its steps' time beyond the ideal.
+    ideal_step_seconds: float | None = None
+    slowdown_seconds: float = 0.0
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready dict."""
@@ -124,6 +128,8 @@ class RunSummary:
     notes_error: str | None = None
     #: How often to checkpoint, from this ledger (docs/checkpoint-interval.md).
     advice: Advice | None = None
+    #: The slowdown split by cause (the ledger's evidence; ``report --prometheus`` refines it).
+    slowdown: SlowdownSplit | None = None
     extra: dict[str, object] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
@@ -167,6 +173,7 @@ class RunSummary:
             "remediations": [{**note.to_json(), "restart": k} for note, k in self.remediations],
             "remediation_notes": {"skipped": dict(self.notes_skipped), "error": self.notes_error},
             "checkpoint_advice": None if self.advice is None else self.advice.to_json(),
+            "slowdown": None if self.slowdown is None else self.slowdown.to_json(),
         }
 
 
@@ -178,7 +185,9 @@ def _ending(inc: Incarnation, last: bool, state: State) -> str:
     return "killed"
 
 
-def _incarnation(inc: Incarnation, stop: int, last: bool, state: State) -> IncarnationSummary:
+def _incarnation(
+    inc: Incarnation, stop: int, last: bool, state: State, accountant: Accountant
+) -> IncarnationSummary:
     n = inc.n
     mean = None
     if inc.continued and n >= 1:
@@ -200,6 +209,8 @@ def _incarnation(inc: Incarnation, stop: int, last: bool, state: State) -> Incar
         continued=inc.continued,
         segments=inc.segments,
         info=dict(inc.start.info),
+        ideal_step_seconds=accountant.slow.incarnation_ideal_seconds(inc.index),
+        slowdown_seconds=accountant.slow.incarnation_seconds(inc.index),
     )
 
 
@@ -275,7 +286,7 @@ def summarize(
         stop = min(inc.last_t, incs[i + 1].begin) if i + 1 < len(incs) else max(inc.last_t, totals.horizon_us)
         if i + 1 == len(incs) and state != "running":
             stop = inc.last_t
-        rows.append(_incarnation(inc, stop, i + 1 == len(incs), state))
+        rows.append(_incarnation(inc, stop, i + 1 == len(incs), state, accountant))
     saves = [c for inc in incs for c in inc.checkpoints if c.op == "save"]
     ok = [c for c in saves if c.ok]
     run = incs[0].start.run if incs else Path(run_dir).name
@@ -304,4 +315,5 @@ def summarize(
         notes_skipped=notes.skipped,
         notes_error=notes.error,
         advice=advise_timeline(timeline, totals, gpus=gpus, cluster=cluster) if incs else None,
+        slowdown=split_from_ledger(accountant.slow, timeline) if incs else None,
     )

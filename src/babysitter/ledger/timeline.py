@@ -38,9 +38,11 @@ from babysitter.ledger.records import (
     Record,
     Renumber,
     Start,
+    Straggler,
     decode,
     fence_tag,
     progress_fields,
+    progress_work,
 )
 
 __all__ = [
@@ -106,6 +108,10 @@ class Incarnation:
     steps: array[int] = field(default_factory=lambda: array("q"))
     ends: array[int] = field(default_factory=lambda: array("q"))
     stall: array[int] = field(default_factory=lambda: array("q"))
+    #: Tokens of each boundary's step (0: unknown), what the slowdown baseline scales with.
+    work: array[int] = field(default_factory=lambda: array("q"))
+    #: The straggler exchange's verdicts: ``(time, rank or None, score, host, gpu)``, in file order.
+    stragglers: list[tuple[int, int | None, float, str | None, str | None]] = field(default_factory=list)
     points: list[ProgressPoint] = field(default_factory=list)
     checkpoints: list[CheckpointSpan] = field(default_factory=list)
     phases: list[tuple[str, int, int | None]] = field(default_factory=list)
@@ -123,6 +129,10 @@ class Incarnation:
     continued: bool = False
     #: Boundaries beyond ``n`` whose time is folded into a kept boundary's step (ring overruns).
     folded: int = 0
+    #: Indices of the boundaries whose step stands for more steps than one (their time included).
+    folded_at: set[int] = field(default_factory=set)
+    #: Its data waits are line totals spread over the steps (version 1): no step's own time is known.
+    spread_waits: bool = False
     #: Continuation segments seen (the writer found its file deleted or replaced this many times).
     segments: int = 0
     #: Renumberings applied (the tracker adopted the loop's step numbers); caches of the steps compare it.
@@ -178,6 +188,8 @@ class Incarnation:
             self.hangs.append(t)
         elif isinstance(record, Renumber):
             self._renumber(record.by)
+        elif isinstance(record, Straggler):
+            self.stragglers.append((t, record.rank, record.score, record.host, record.gpu))
         elif isinstance(record, End):
             self.end = record
         self.last_t = max(self.last_t, t)
@@ -194,11 +206,13 @@ class Incarnation:
     def _add_progress(self, record: Progress) -> None:
         waits = record.waits if record.waits is not None else record.data_wait
         self.add_boundaries(
-            (record.steps, record.ends, record.t, waits, record.model_flops, record.peak_flops, record.extra)
+            (record.steps, record.ends, record.t, waits, record.model_flops, record.peak_flops, record.extra),
+            record.work,
         )
 
-    def add_boundaries(self, fields: ProgressFields) -> None:
-        """Fold in one progress line: ``(steps, ends, t, waits, model_flops, peak_flops, extra)``.
+    def add_boundaries(self, fields: ProgressFields, work: Sequence[int] | None = None) -> None:
+        """Fold in one progress line: ``(steps, ends, t, waits, model_flops, peak_flops, extra)`` and the
+        tokens of each boundary's step (``work``, None: unknown).
 
         Everything is computed before anything is appended, so the arrays always stay the same length.
         """
@@ -215,6 +229,8 @@ class Incarnation:
         if type(waits) is int:
             # Version 1: one total for the line, spread evenly; the first boundary's share of an
             # incarnation went to startup then, and still does (the same totals as before).
+            if waits:  # a line with no wait at all has every step's exactly: none
+                self.spread_waits = True
             share, rest = divmod(waits, n)
             stall = array("q", [share + 1 if i < rest else share for i in range(n)])
             if i0 == 0 and not self.continued:
@@ -223,11 +239,19 @@ class Incarnation:
             stall = waits  # type: ignore[assignment]
             if len(stall) != n:
                 raise ValueError("one data wait per boundary")
+        if work is not None and len(work) != n:
+            raise ValueError("one token count per boundary")
         folded = sum(count for _, count in extra) if extra else 0
+        if folded:
+            self.folded_at.update(i0 + i for i, count in extra if count > 0)
         self._pieces_cache = None
         self.steps.extend(steps)
         self.ends.extend(ends)
         self.stall.extend(stall)
+        if work is None:
+            self.work.frombytes(bytes(8 * n))
+        else:
+            self.work.extend(work)
         self.folded += folded
         if peak_flops is None:
             peak_flops = self.peak_flops
@@ -400,7 +424,8 @@ class Timeline:
             tag = obj.get("f")
             if tag is not None and tag != inc.tag:
                 raise FencedLineError("written after another writer took the ledger over")
-            inc.add_boundaries(progress_fields(obj))
+            fields = progress_fields(obj)
+            inc.add_boundaries(fields, progress_work(obj, len(fields[1])))
             return
         record = decode(obj)
         if self.incarnations and not isinstance(record, Start):

@@ -37,6 +37,7 @@ from babysitter.catalog import goodput as G
 from babysitter.ledger.accounting import Accountant, Accounting
 from babysitter.ledger.advisor import Advice, ClusterRate, advise_inputs, ledger_inputs, parse_cluster_rate
 from babysitter.ledger.lock import LedgerLockedError, WriterLock
+from babysitter.ledger.paths import ledger_path
 from babysitter.ledger.reader import DEFAULT_FILE_NAME, read_timeline
 from babysitter.ledger.records import (
     MAX_FLOAT,
@@ -55,6 +56,7 @@ from babysitter.ledger.records import (
     Record,
     Renumber,
     Start,
+    Straggler,
     encode,
     fence_tag,
     in_range,
@@ -96,6 +98,8 @@ class _Pending:
     flops: float
     peak: float | None
     dropped: int
+    #: Tokens of each boundary's step (0: unknown), or None when the caller gave none.
+    tokens: list[int] | None = None
 
 
 class _NotLoaded(Exception):
@@ -207,6 +211,7 @@ class LedgerWriter:
         self.run_dir = Path(run_dir)
         self.run = run
         self.path = self.run_dir / file_name
+        self._directory = os.path.abspath(self.run_dir)  # checkpoint paths inside it go relative
         self._flush_interval = float(flush_interval)
         self._heartbeat_interval = float(heartbeat_interval)
         self._alive_interval = float(alive_interval)
@@ -354,6 +359,7 @@ class LedgerWriter:
                 pid=pid,
                 run=self.run,
                 info=dict(info),
+                directory=self._directory,
             )
             self._start = record
             self._start_line = encode(record)
@@ -371,6 +377,7 @@ class LedgerWriter:
         peak_flops: float | None,
         data_waits: Sequence[float] | None = None,
         dropped: int = 0,
+        tokens: Sequence[int] | None = None,
     ) -> None:
         """Buffer step boundaries (no I/O here). Boundaries, waits or counts the ledger cannot hold
         (a step outside ``[0, 2**53)``, a time that is not finite) are skipped and counted."""
@@ -379,8 +386,12 @@ class LedgerWriter:
             per = list(data_waits) if data_waits is not None else None
             if per is not None and len(per) != len(boundaries):
                 per, bad = None, True
+            toks = list(tokens) if tokens is not None else None
+            if toks is not None and len(toks) != len(boundaries):
+                toks, bad = None, True
             good: list[tuple[int, float]] = []
             waits: list[int] = []
+            work: list[int] = []
             limit = _MAX_SECONDS
             for i, (step, t) in enumerate(boundaries):
                 # Inline checks (this runs once per step): an in-range int step, a finite in-range time.
@@ -388,6 +399,9 @@ class LedgerWriter:
                     bad = True
                     continue
                 good.append((step, t))
+                if toks is not None:
+                    count = toks[i]
+                    work.append(count if type(count) is int and 0 <= count <= MAX_INT else 0)
                 if per is not None:
                     wait = per[i]
                     if (type(wait) is float or type(wait) is int) and 0 <= wait <= limit:
@@ -411,6 +425,7 @@ class LedgerWriter:
                     model_flops if _finite(model_flops) and 0 < model_flops <= MAX_FLOAT else 0.0,
                     peak_flops if peak_flops is not None and _finite(peak_flops) and peak_flops > 0 else None,
                     dropped,
+                    work if toks is not None else None,
                 )
             )
         except Exception as exc:
@@ -419,7 +434,8 @@ class LedgerWriter:
     def checkpoint_begin(self, *, kind: Op, step: int, time: float, path: str | None) -> None:
         """Record the start of a checkpoint save or load."""
         try:
-            self._post(CheckpointBegin(t=to_us(time), op=kind, step=int(step), path=path), now=True)
+            where = ledger_path(path, self._directory)
+            self._post(CheckpointBegin(t=to_us(time), op=kind, step=int(step), path=where), now=True)
         except Exception as exc:
             self._error("internal", exc)
 
@@ -443,7 +459,7 @@ class LedgerWriter:
                 step=int(step),
                 ok=bool(ok),
                 nbytes=size,
-                path=path,
+                path=ledger_path(path, self._directory),
                 manifest=bool(manifest),
             )
             if kind == "save" and ok:
@@ -470,7 +486,7 @@ class LedgerWriter:
             record = CheckpointManifest(
                 t=to_us(time),
                 step=int(step),
-                path=path,
+                path=ledger_path(path, self._directory),
                 ok=bool(ok),
                 files=files if in_range(files) else 0,
                 nbytes=nbytes if in_range(nbytes) else 0,
@@ -512,6 +528,19 @@ class LedgerWriter:
                 self._post(Renumber(t=to_us(time), by=by))
             else:
                 self._errors["bad_input"] = self._errors.get("bad_input", 0) + 1
+        except Exception as exc:
+            self._error("internal", exc)
+
+    def straggler(
+        self, *, time: float, rank: int | None, score: float, host: str | None, gpu: str | None
+    ) -> None:
+        """Record the straggler exchange's slowest rank (None: no rank is slow any more)."""
+        try:
+            if rank is not None and not in_range(rank):
+                self._errors["bad_input"] = self._errors.get("bad_input", 0) + 1
+                return
+            value = float(score) if _finite(score) and 0 <= score <= MAX_FLOAT else 0.0
+            self._post(Straggler(t=to_us(time), rank=rank, score=value, host=host, gpu=gpu))
         except Exception as exc:
             self._error("internal", exc)
 
@@ -569,6 +598,7 @@ class LedgerWriter:
             restarts = G.RESTARTS.family(names)
             restarts.add_metric(values, float(acc.restarts))  # type: ignore[attr-defined]
             out += [goodput, productive, badput, restarts]
+            out += self._step_metrics(names, values, now)
             out += self._advice_metrics(names, values, view)
         except _NotLoaded:
             pass
@@ -591,6 +621,28 @@ class LedgerWriter:
         state.add_metric([*values, self.state], 1.0)  # type: ignore[attr-defined]
         out += [errors, skipped, pending, dropped, state]
         return out
+
+    def _step_metrics(self, names: list[str], values: list[str], now: float) -> list[Metric]:
+        """MLGM's step metrics: the ideal step time, the step-time deviation, rolling goodput (the
+        accountant's book as totals() brought it up to date; the window accounted afresh)."""
+        out: list[Metric] = []
+        with self._state_lock:
+            book = self._accountant.slow
+            gauges = ((G.IDEAL_STEP, book.ideal_seconds()), (G.STEP_DEVIATION, book.deviation_seconds()))
+            windows = {
+                label: self._accountant.window(now - seconds, now, now=now, live=True)
+                for label, seconds in G.ROLLING_WINDOWS.items()
+            }
+        for spec, value in gauges:
+            if value is not None:
+                family = spec.family(names)
+                family.add_metric(values, value)  # type: ignore[attr-defined]
+                out.append(family)
+        rolling = G.ROLLING_GOODPUT.family(names)
+        for label, window in windows.items():
+            if window.wall_us > 0:
+                rolling.add_metric([*values, label], window.goodput)  # type: ignore[attr-defined]
+        return [*out, rolling]
 
     def advice(self, totals: Accounting | None = None) -> Advice | None:
         """The checkpoint-interval advice from the ledger so far (recomputed after a save or a restart,
@@ -682,12 +734,13 @@ class LedgerWriter:
         records: list[Record] = []
         batch: list[tuple[int, float]] = []
         waits: list[int] = []
+        work: list[int] = []
         extra: list[tuple[int, int]] = []
         flops = 0.0
         peak: float | None = None
 
         def close_batch() -> None:
-            nonlocal batch, waits, extra, flops, peak
+            nonlocal batch, waits, work, extra, flops, peak
             if batch:
                 steps = tuple(s for s, _ in batch)
                 ends = [to_us(t) for _, t in batch]
@@ -706,9 +759,10 @@ class LedgerWriter:
                         peak_flops=peak if changed else None,  # written only when it changes
                         waits=tuple(waits),  # each checked in progress()
                         extra=tuple(extra),
+                        work=tuple(work) if any(work) else None,
                     )
                 )
-            batch, waits, extra, flops, peak = [], [], [], 0.0, None
+            batch, waits, work, extra, flops, peak = [], [], [], [], 0.0, None
 
         for item in items:
             if isinstance(item, _Pending):
@@ -716,6 +770,7 @@ class LedgerWriter:
                     extra.append((len(batch), item.dropped))
                 batch.extend(item.boundaries)
                 waits.extend(item.waits)
+                work.extend(item.tokens if item.tokens is not None else [0] * len(item.boundaries))
                 flops += item.flops
                 peak = item.peak if item.peak is not None else peak
             else:
@@ -876,6 +931,7 @@ class LedgerWriter:
             last_step=last_step,
             last_end=last_end,
             resumed=resumed,
+            directory=start.directory,
         )
         try:
             self._segment_line = encode(segment)

@@ -87,6 +87,7 @@ class AgentConfig:
     gpu_model: str = "H100"
     scenario: Path | None = None
     simulate_kernel_log: Path | None = None
+    simulate_host: int = 0
     registry_dir: Path = field(default_factory=registration.default_dir)
     trainer_timeout: float = 2.0
     trainer_series_limit: int = MAX_SERIES_TOTAL
@@ -105,6 +106,8 @@ class AgentConfig:
     checkpoint_verify_bytes: int = 1 << 30
     checkpoint_reverify_interval: float = 6 * 3600.0
     checkpoint_manifest_grace: float = 1800.0
+    checkpoint_run_timeout: float = 60.0
+    checkpoint_run_memory: int = 512 << 20
     collector_timeout: float = 10.0
     gpu_job_dir: Path | None = None
     probe_results_dir: Path | None = None
@@ -165,6 +168,8 @@ _HELP: dict[str, str] = {
     "gpu_model": "simulated GPU model: H100, H200, B200, A100, L40S, V100",
     "scenario": 'JSON file of timed simulated faults, or "demo" (see babysitter.node.gpu.simulate)',
     "simulate_kernel_log": "with --simulate: append simulated NVRM Xid lines to this file",
+    "simulate_host": "with --simulate: this simulated host's number (0-65535), so that its GPUs' UUIDs "
+    "differ from other simulated hosts' (a simulated cluster; default 0)",
     "registry_dir": "trainer registration directory (default $BABYSITTER_REGISTRY_DIR or /tmp/babysitter)",
     "trainer_timeout": "seconds to wait for one trainer endpoint (default 2; shorter when Prometheus' "
     "scrape timeout asks for it)",
@@ -190,6 +195,11 @@ _HELP: dict[str, str] = {
     "(default 21600)",
     "checkpoint_manifest_grace": "seconds a save's promised manifest may take before the save counts as "
     "incomplete (default 1800; at once when its process ended)",
+    "checkpoint_run_timeout": "seconds a sentinel pass waits for one run directory's checks before it kills "
+    "that run's worker and marks the run's checks failing (default 60; other runs are not delayed beyond it)",
+    "checkpoint_run_memory": "bytes one run directory's sentinel worker may allocate beyond its size at "
+    "start (RLIMIT_AS; default 512 MiB: a manifest takes ~20 MiB per TB of checkpoint, so the last 3 "
+    "checkpoints of ~8 TB each; at least 32 MiB)",
     "collector_timeout": "seconds one collector may take before it is reported failed (default 10)",
     "gpu_job_dir": "per-GPU job id files written by a Slurm prolog (dcgm-exporter's hpc-job-mapping format)",
     "probe_results_dir": "directory where 'babysitter probe --results-dir' writes this host's results",
@@ -219,6 +229,7 @@ _METAVAR = {
     "gpu_model": "NAME",
     "scenario": "FILE",
     "simulate_kernel_log": "FILE",
+    "simulate_host": "N",
     "registry_dir": "DIR",
     "trainer_ca_file": "FILE",
     "trainer_cert_file": "FILE",
@@ -232,6 +243,7 @@ _METAVAR = {
     "checkpoint_run_dir": "DIR",
     "checkpoint_keep_last": "K",
     "checkpoint_verify_bytes": "BYTES",
+    "checkpoint_run_memory": "BYTES",
     "gpu_job_dir": "DIR",
     "probe_results_dir": "DIR",
     "path_sysfs": "DIR",
@@ -451,11 +463,14 @@ def _validate(c: AgentConfig) -> None:
         raise ConfigError("--simulate COUNT must be >= 0")
     if c.scenario is not None and not c.simulate:
         raise ConfigError("--scenario needs --simulate COUNT")
+    if not 0 <= c.simulate_host < 1 << 16 or (c.simulate_host and not c.simulate):
+        raise ConfigError("--simulate-host N needs --simulate COUNT and 0 <= N <= 65535")
     for name, value in (
         ("trainer timeout", c.trainer_timeout),
         ("storage interval", c.storage_interval),
         ("collector timeout", c.collector_timeout),
         ("checkpoint interval", c.checkpoint_interval),
+        ("checkpoint run timeout", c.checkpoint_run_timeout),
     ):
         if not value > 0:
             raise ConfigError(f"{name} must be positive, got {value}")
@@ -481,6 +496,8 @@ def _validate(c: AgentConfig) -> None:
         or not c.checkpoint_manifest_grace >= 0
     ):
         raise ConfigError("checkpoint verify bytes and reverify interval must not be negative")
+    if c.checkpoint_run_memory < 32 << 20:
+        raise ConfigError(f"checkpoint run memory must be at least 32 MiB, got {c.checkpoint_run_memory}")
     if c.collectors.get("storage") and not c.storage_path:
         raise ConfigError("the storage collector needs at least one --storage-path")
     if c.collectors.get("jobs") and c.gpu_job_dir is None:

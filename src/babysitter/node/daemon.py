@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from babysitter.export.server import bind_hint
 from babysitter.node.agent import Agent, Server
 from babysitter.node.collector import Collector, GpuIdentity
 from babysitter.node.config import AgentConfig, ConfigError
 from babysitter.node.gpu.collector import GpuCollector
 from babysitter.node.gpu.nvml import NvmlUnavailable, load_pynvml
-from babysitter.node.gpu.simulate import Simulator, load_scenario
+from babysitter.node.gpu.simulate import Simulator, load_scenario, scenario_epoch
 from babysitter.node.workloads.jobs import GpuJobsCollector
 from babysitter.node.workloads.trainers import TrainersCollector
 
@@ -60,10 +61,15 @@ def build(config: AgentConfig) -> Running:
     nvml: Any = None
     identities: Callable[[], list[GpuIdentity]] = list
     if config.simulate:
-        scenario = load_scenario(config.scenario, config.simulate) if config.scenario else []
         try:
+            scenario = load_scenario(config.scenario, config.simulate) if config.scenario else []
             simulator = Simulator(
-                config.simulate, config.gpu_model, scenario=scenario, kernel_log=config.simulate_kernel_log
+                config.simulate,
+                config.gpu_model,
+                scenario=scenario,
+                kernel_log=config.simulate_kernel_log,
+                host=config.simulate_host,
+                epoch=scenario_epoch(config.scenario) if config.scenario else None,
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
@@ -118,6 +124,8 @@ def build(config: AgentConfig) -> Running:
                     verify_bytes=config.checkpoint_verify_bytes,
                     reverify_seconds=config.checkpoint_reverify_interval,
                     manifest_grace=config.checkpoint_manifest_grace,
+                    run_timeout=config.checkpoint_run_timeout,
+                    run_memory=config.checkpoint_run_memory,
                 ),
             )
             if sentinel is not None:
@@ -321,7 +329,15 @@ def run(config: AgentConfig, stop: threading.Event) -> int:
                 running.agent, config.host, config.bind_port, certfile=certfile, keyfile=keyfile
             )
         except OSError as exc:
-            raise ConfigError(f"cannot serve on {config.host}:{config.bind_port}: {exc}") from exc
+            hint = bind_hint(
+                exc,
+                config.bind_port,
+                elsewhere="--listen-address HOST:PORT or --port PORT (--port 0 --port-file FILE: any free "
+                "port, written to FILE)",
+            )
+            raise ConfigError(
+                f"cannot serve on {config.host}:{config.bind_port}: {exc}{f'; {hint}' if hint else ''}"
+            ) from exc
         try:
             log.info(
                 "babysitter: node agent serving %s (collectors: %s; backend: %s)",

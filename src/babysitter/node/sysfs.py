@@ -8,9 +8,21 @@ What the kernel gets wrong is counted, not raised: a file that cannot be read (`
 permissions, I/O errors, a driver that answers EINVAL), one that disappeared between listing and
 reading (``vanished``: a device being removed), content that is not what the kernel documents
 (``garbage``) and counters the hardware does not provide (``unavailable``: InfiniBand's
-``N/A (no PMA)``). Each problem, a (file, reason) pair, is counted once in
-``babysitter_sysfs_problems_total{collector,reason}`` and logged once when it starts; a file that
-reads fine again clears it, so a later failure counts again. The value is simply absent meanwhile.
+``N/A (no PMA)``) and a file that is not one (``not_regular``: a FIFO, socket, device node or
+symbolic link where the kernel has a regular file). Each problem, a (file, reason) pair, is counted
+once in ``babysitter_sysfs_problems_total{collector,reason}`` and logged once when it starts; a file
+that reads fine again clears it, so a later failure counts again. The value is simply absent meanwhile.
+
+Only regular files are read, and never through a symbolic link as the last part of their path: every
+file is opened with ``O_NONBLOCK | O_NOFOLLOW`` and checked with ``fstat`` before a byte is read, so a
+FIFO costs its own value, not a collector blocked in ``open`` (kernel attributes are regular files, and
+a device node takes root to make). The links of the kernel's layout (``class/...``, ``bus/pci/devices``,
+a device's ``device``, ``driver``) are followed by :meth:`SysfsReader.resolve` only, which keeps what
+they lead to below the root; collectors read from the resolved directories.
+
+How much a collector watches is capped (:data:`babysitter.catalog.budget.CAPS`): :meth:`SysfsReader.bound`
+keeps the first items of a scan and shows how many more there were in
+``babysitter_sysfs_items_dropped{collector,kind}``, with one log line per kind.
 
 Counters the kernel resets (a driver reload recreates the device with every counter at 0) go through
 :class:`Counters`, which keeps the exported counter monotonic: a value lower than the last one read,
@@ -35,12 +47,14 @@ import logging
 import os
 import re
 import resource
+import stat
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from prometheus_client.core import Metric
 
@@ -51,10 +65,12 @@ from babysitter.node.collector import family_of
 __all__ = ["PROBLEMS", "Counters", "Rescan", "Sample", "SysfsReader", "to_families"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Every ``reason`` of ``babysitter_sysfs_problems_total``.
-PROBLEMS = ("unreadable", "vanished", "garbage", "unavailable")
-_FLAGS = os.O_RDONLY | os.O_CLOEXEC
+PROBLEMS = ("unreadable", "vanished", "garbage", "unavailable", "not_regular")
+# Never block in open() (a FIFO), never follow a link in place of the file, never take a terminal.
+_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY
 _MAX_BYTES = 8192  # the largest attribute read (AER stats are ~1 KiB; a page is the kernel's limit)
 _MAX_ENTRIES = 4096  # entries listed per directory: a tree larger than that is not a server's sysfs
 _MAX_TRACKED = 4096  # (file, reason) problems remembered at once
@@ -91,6 +107,44 @@ _ORDER = {spec.name: i for i, spec in enumerate(F.METRICS)}
 Sample = tuple[MetricSpec, tuple[str, ...], float]
 
 
+class _NotRegular(Exception):
+    """The path is a FIFO, socket, device node, directory or symbolic link, not an attribute's file."""
+
+
+def _open(path: str) -> int:
+    """A descriptor on the regular file at ``path`` (its last part not a link); raises OSError or
+    :class:`_NotRegular`."""
+    try:
+        fd = os.open(path, _FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW: the file itself is a link
+            raise _NotRegular("a symbolic link") from None
+        if exc.errno == errno.ENXIO:  # a socket (or a device without its driver): which one?
+            with contextlib.suppress(OSError):
+                mode = os.lstat(path).st_mode
+                if not stat.S_ISREG(mode):
+                    raise _NotRegular(_kind_of(mode)) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory")
+        raise _NotRegular(_kind_of(mode))
+    return fd
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 class SysfsReader:
     """Files under ``root`` (``/sys`` or a test tree), read as the kernel's attributes are read.
 
@@ -101,6 +155,7 @@ class SysfsReader:
     def __init__(self, root: Path | str, collector: str, *, keep_open: bool = True) -> None:
         self.root = Path(root)
         self._root = os.path.abspath(root)
+        self._real_root: str | None = None  # the root's real path, once it exists
         self.collector = collector
         self._counts = dict.fromkeys(PROBLEMS, 0)
         self._active: set[tuple[str, str]] = set()
@@ -108,6 +163,8 @@ class SysfsReader:
         self._keep_open = keep_open
         self._fds: dict[str, int] = {}  # path -> a descriptor kept open on it
         self._read: set[str] = set()  # kept paths read since the last release_unread()
+        self._dropped: dict[str, int] = {}  # kind -> found beyond its cap by the last scan
+        self._capped: set[str] = set()  # kinds logged
         # A reader dropped without close() (a collector nobody closed) still gives its files back.
         self._release = weakref.finalize(self, _close_all, self._fds)
 
@@ -122,8 +179,31 @@ class SysfsReader:
             resolved = os.path.realpath(self.path(relative), strict=True)
         except OSError:
             return None
-        root = os.path.realpath(self.root)
+        root = self._real_root
+        if root is None:
+            root = os.path.realpath(self.root)
+            if os.path.isdir(root):
+                self._real_root = root  # kept once it exists (a test tree may come later)
         return resolved if resolved == root or resolved.startswith(root + os.sep) else None
+
+    def real(self, base: str, *parts: str) -> str | None:
+        """``base/part/...`` when each part is a directory and none a link, else None: what a collector
+        adds to a resolved device directory (``ports/1``, ``counters``) is never a link in the kernel's
+        layout, so nothing is read through one. Costs a ``lstat`` per part (scans only)."""
+        path = self.path(base)
+        for part in parts:
+            path = os.path.join(path, part)
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                return None  # not there: optional directories (hw_counters) are absent on many drivers
+            if not stat.S_ISDIR(mode):
+                what = "a symbolic link" if stat.S_ISLNK(mode) else "not a directory"
+                self.problem(path, "not_regular", what)
+                return None
+            if self._active:
+                self.ok(path, "not_regular")
+        return path
 
     def listdir(self, relative: str) -> list[str]:
         """Entry names of a directory, sorted (at most 4096, names of the kernel's kind only); [] when
@@ -162,19 +242,22 @@ class SysfsReader:
                 if os.fstat(fd).st_nlink:  # still the file at ``path`` (see the module docstring)
                     self._read.add(path)
                     if self._active:
-                        self.ok(relative, "unreadable", "vanished")
+                        self.ok(relative, "unreadable", "vanished", "not_regular")
                     return raw
             except OSError:
                 pass  # gone or failing: what opening it again finds is what counts
             self._drop(path)
         try:
-            fd = os.open(path, _FLAGS)
+            fd = _open(path)
             try:
                 raw = os.read(fd, _MAX_BYTES)
             except BaseException:
                 os.close(fd)
                 raise
             self._keep(path, fd)
+        except _NotRegular as exc:
+            self.problem(relative, "not_regular", str(exc))
+            return None
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENODEV, errno.ENXIO, errno.ENOTDIR):
                 if listed:
@@ -183,7 +266,7 @@ class SysfsReader:
             self.problem(relative, "unreadable", exc.strerror or str(exc))
             return None
         if self._active:
-            self.ok(relative, "unreadable", "vanished")
+            self.ok(relative, "unreadable", "vanished", "not_regular")
         return raw
 
     def _keep(self, path: str, fd: int) -> None:
@@ -344,6 +427,40 @@ class SysfsReader:
             if self._counts[reason]:
                 family.add_metric([self.collector, reason], float(self._counts[reason]))  # type: ignore[attr-defined]
         return family
+
+    def families(self) -> list[Metric]:
+        """:meth:`family`, and ``babysitter_sysfs_items_dropped{collector,kind}`` once a cap was met."""
+        if not self._dropped:
+            return [self.family()]
+        dropped = F.SYSFS_ITEMS_DROPPED.family()
+        for kind, count in sorted(self._dropped.items()):
+            dropped.add_metric([self.collector, kind], float(count))  # type: ignore[attr-defined]
+        return [self.family(), dropped]
+
+    # --- caps -------------------------------------------------------------------------------------------
+    def bound(self, kind: str, items: Sequence[T], cap: int) -> Sequence[T]:
+        """The first ``cap`` of ``items`` (what a scan found of ``kind``), the rest shown as dropped."""
+        self.dropped(kind, len(items) - cap, cap)
+        return items[:cap] if len(items) > cap else items
+
+    def dropped(self, kind: str, count: int, cap: int) -> None:
+        """A scan found ``count`` items of ``kind`` beyond its ``cap`` (0 or less: none): kept for
+        ``babysitter_sysfs_items_dropped`` (until a scan finds none: 0) and logged the first time."""
+        count = max(count, 0)
+        if not count and kind not in self._dropped:
+            return
+        self._dropped[kind] = count
+        if count and kind not in self._capped:
+            self._capped.add(kind)
+            log.warning(
+                "babysitter: %s collector: %d more of kind %s under %s than the %d watched; they are not "
+                "read (babysitter_sysfs_items_dropped counts them; logged once)",
+                self.collector,
+                count,
+                kind,
+                self._root,
+                cap,
+            )
 
 
 class Rescan:

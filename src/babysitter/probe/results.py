@@ -10,7 +10,6 @@ import here: the node agent reads results without it.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import tempfile
@@ -19,7 +18,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from babysitter import jsonout
+from babysitter import jsonin, jsonout
+from babysitter.userfiles import TooLargeError, read_regular
 
 __all__ = [
     "SCHEMA",
@@ -303,13 +303,14 @@ def write_report(report: ProbeReport, path: Path) -> None:
 
 
 def read_report(path: Path, max_bytes: int = 4 * 1024 * 1024) -> ProbeReport:
-    """Read a results file; ValueError when it is too large or not a probe report, OSError when unreadable."""
-    with path.open("rb") as handle:
-        raw = handle.read(max_bytes + 1)
-    if len(raw) > max_bytes:
-        raise ValueError(f"larger than {max_bytes} bytes")
+    """Read a results file; ValueError when it is too large, nested too deep or not a probe report,
+    OSError when unreadable or not a regular file (a FIFO is refused, never opened)."""
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        raw = read_regular(path, limit=max_bytes)
+    except TooLargeError:
+        raise ValueError(f"larger than {max_bytes} bytes") from None
+    try:
+        data = jsonin.loads(raw, max_bytes=max_bytes)
+    except ValueError as exc:
         raise ValueError(f"not JSON: {exc}") from exc
     return ProbeReport.from_dict(data)

@@ -15,8 +15,10 @@ request only what is left of it: a command that asks many queries ends by its de
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import math
+import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -27,12 +29,36 @@ from babysitter.prom.deadline import Deadline, open_until
 
 __all__ = ["DEFAULT_MAX_BYTES", "Deadline", "PromClient", "PromError", "Sample", "fetch", "finite"]
 
+#: Connect errors that say nothing answers at the address (with refused and an unknown host name).
+_NO_ROUTE = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL})
+
 #: The largest response read by default: a frame of ``babysitter top`` over thousands of hosts fits.
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 
 
 class PromError(RuntimeError):
-    """Prometheus could not be reached, or rejected a query (the message says which and why)."""
+    """Prometheus could not be reached, or rejected a query (the message says which and why).
+
+    ``kind`` says which, for a command to add what to do: ``unreachable`` (nothing answered at the
+    address: refused, no such host, no route), ``timeout`` (no complete answer in time), ``answer``
+    (anything else: an error status, a body that is not Prometheus' API, a connection cut).
+    """
+
+    def __init__(self, message: str, *, kind: str = "answer") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+    def advice(self, flag: str = "--prometheus") -> str:
+        """What to do, to append to the message ("" when it answered: its message says why), for a
+        command whose ``flag`` names the server."""
+        if self.kind == "unreachable":
+            return f"; start it, or point at the right one with {flag} URL"
+        if self.kind == "timeout":
+            return (
+                "; it is slow or overloaded: give it longer with --timeout SECONDS (and --deadline), or "
+                f"point at another with {flag} URL"
+            )
+        return ""
 
 
 @dataclass(frozen=True)
@@ -75,7 +101,16 @@ def fetch(
         raise
     except (urllib.error.URLError, OSError, ValueError) as exc:
         if _timed_out(exc):
-            raise PromError(f"{name}: no complete answer within {limit:g} s{what}") from exc
+            raise PromError(f"{name}: no complete answer within {limit:g} s{what}", kind="timeout") from exc
+        reason = getattr(exc, "reason", exc)  # urllib wraps the socket's error in a URLError
+        if isinstance(reason, ConnectionRefusedError):
+            raise PromError(
+                f"{name}: Connection refused: nothing listens there (is Prometheus running at that "
+                "address and port?)",
+                kind="unreachable",
+            ) from exc
+        if isinstance(reason, socket.gaierror) or getattr(reason, "errno", None) in _NO_ROUTE:
+            raise PromError(f"{name}: cannot connect: {reason}", kind="unreachable") from exc
         raise PromError(f"{name}: {exc}") from exc
     if len(raw) > max_bytes:
         raise PromError(f"{url}: response larger than {max_bytes} bytes{what}")
@@ -138,6 +173,22 @@ class PromClient:
             except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
                 raise PromError(f"{self.url}: malformed sample {str(item)[:200]} (query: {expr})") from exc
         return samples
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """The range query's series, as the API returns them (``[{metric, values}]``); PromError on
+        failure. The caller bounds how many it keeps: ``max_bytes`` already bounds the answer."""
+        params = {"query": expr, "start": repr(float(start)), "end": repr(float(end)), "step": f"{step:g}"}
+        body = self._call(
+            "/api/v1/query_range",
+            data=urllib.parse.urlencode(params).encode(),
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+            what=f" (query: {expr})",
+        )
+        result = body.get("data")
+        if not isinstance(result, dict) or result.get("resultType") != "matrix":
+            kind = result.get("resultType") if isinstance(result, dict) else None
+            raise PromError(f"{self.url}: expected a matrix, got {kind} (query: {expr})")
+        return [item for item in result.get("result") or () if isinstance(item, dict)]
 
     def alerts(self) -> list[dict[str, Any]]:
         """The active (pending and firing) alerts, as the API returns them; PromError on failure."""

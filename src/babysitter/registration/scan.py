@@ -158,14 +158,19 @@ class Scanner:
         self._logged: set[str] = set()
         self._lines = 0
         self._unlogged = 0
+        #: The endpoints the last scan found registered by an exited process (see :meth:`scan`).
+        self.dead: set[Endpoint] = set()
 
     def skipped(self) -> dict[str, int]:
         """Registrations skipped so far, by reason; each file (each version of it) counted once."""
         return dict(self._totals)
 
     def scan(self, *, prune: bool = False) -> list[Registered]:
-        """The registrations to serve now. With ``prune``, dead ones are deleted when permitted."""
+        """The registrations to serve now. With ``prune``, dead ones are deleted when permitted.
+        :attr:`dead` holds the endpoints this scan found registered by a process that had exited: it
+        died without unregistering (one that unregistered and then exited left no file to find)."""
         self._seen, self._used, self._lines, self._unlogged = set(), set(), 0, 0
+        self.dead = set()
         self._boot = None  # read once per scan, when a registration needs it
         try:
             top = os.open(self.directory, _DIR_FLAGS)
@@ -285,6 +290,8 @@ class Scanner:
         verdict = self._process_verdict(registered.endpoint, uid)
         if verdict is not None:
             self._skip(key, verdict.reason, registered.path, str(verdict))
+            if verdict.reason == "dead":
+                self.dead.add(registered.endpoint)
             if verdict.reason == "dead" and prune:
                 # Not ours to remove under a non-root agent: then it stays skipped, counted once.
                 with contextlib.suppress(OSError):

@@ -27,7 +27,8 @@ from babysitter.catalog.remediate import ACTION_RESULTS, REFUSAL_REASONS, REMEDI
 from babysitter.remediate.alerts import Alert, Notification
 from babysitter.remediate.audit import AuditLog, replay
 from babysitter.remediate.backends.base import Backend, BackendError, Outcome
-from babysitter.remediate.jobmap import PrometheusJobMap
+from babysitter.remediate.incidents import IncidentHook
+from babysitter.remediate.jobmap import JobMap
 from babysitter.remediate.policy import Policy, Rule
 from babysitter.remediate.rails import Rails
 from babysitter.remediate.targets import culprit_hosts, host_of, render_reason, valid_job
@@ -76,7 +77,7 @@ class Remediator:
         backend: Backend,
         audit: AuditLog,
         *,
-        jobmap: PrometheusJobMap | None = None,
+        jobmap: JobMap | None = None,
         clock: Callable[[], float] = time.time,
         on_remediation: Callable[[Remediation], None] | None = None,
         force_dry_run: bool = False,
@@ -146,6 +147,7 @@ class Remediator:
                 if alert.status == "resolved":
                     self._resolved(alert)
                 else:
+                    self._incident(alert)
                     self._firing(alert)
             except Exception as exc:  # one bad alert must not stop the others
                 log.exception("babysitter remediate: alert %s failed", alert.name)
@@ -221,6 +223,7 @@ class Remediator:
         host = host_of(alert.labels, self.policy.hosts)
         culprits: list[str | None] = [host]
         why = ""
+        held: tuple[frozenset[str] | None, str] | None = None
         if rule.hosts_from == "culprit":
             found, why = culprit_hosts(alert, self.policy.hosts, rule.max_culprit_hosts)
             culprits = list(found)
@@ -237,10 +240,60 @@ class Remediator:
                 self._requeue(alert, rule, host if rule.hosts_from == "alert" else None)
                 continue
             for target in culprits:
+                checked = ""
+                if rule.hosts_from == "culprit" and target is not None:
+                    held = held or self._run_hosts(alert)
+                    hosts, checked = held
+                    if hosts is None or target not in hosts:
+                        run = alert.labels.get("run")
+                        detail = (
+                            checked
+                            if hosts is None
+                            else f"{target} holds none of run {run}'s ranks: {checked}"
+                        )
+                        self._refuse(action, _No("not_in_run", detail), alert, rule, host=target)
+                        continue
                 if action == "drain":
-                    self._drain(alert, rule, target, why=why)
+                    self._drain(alert, rule, target, why=why, checked=checked)
                 else:
                     self._annotate(alert, rule, target)
+
+    def _run_hosts(self, alert: Alert) -> tuple[frozenset[str] | None, str]:
+        """The nodes that hold the alert's run's ranks, and what was checked (or None, and why not).
+
+        Prometheus (the job map) gives the hosts serving the ranks that speak for the run (never a rank
+        past the world size its rank 0 declares, nor one two hosts claim: ``generate/ranks.py``); where
+        the run's jobs are known (a job label on the alert, else the job map's jobs on the run's GPUs)
+        and the scheduler can tell their nodes, a host must be among those too.
+        """
+        run = alert.labels.get("run")
+        if not run:
+            return None, "the alert has no run label: which hosts hold the run's ranks is unknown"
+        if self.jobmap is None:
+            return None, f"no job map (jobs.prometheus_url) to tell which hosts hold run {run}'s ranks"
+        value = alert.labels.get(self.policy.cluster_label)
+        cluster = (self.policy.cluster_label, value) if value else None
+        try:
+            instances = self.jobmap.instances_of(run, cluster)
+        except BackendError as exc:
+            return None, f"cannot tell which hosts hold run {run}'s ranks: {exc}"
+        label = self.policy.hosts.label
+        hosts = {h for i in instances if (h := host_of({label: i}, self.policy.hosts)) is not None}
+        checked = f"its ranks report from {', '.join(sorted(hosts)[:8]) or 'no host'}"
+        jobs, source = self._job_labels(alert), "alert label"
+        try:
+            if not jobs:
+                jobs, source = [j for j in self.jobmap.jobs_of(run, cluster) if valid_job(j)], "job map"
+        except BackendError as exc:
+            return None, f"cannot tell run {run}'s jobs: {exc}"
+        try:
+            nodes = self.backend.nodes_of(jobs) if jobs else None
+        except BackendError as exc:
+            return None, f"cannot tell the nodes of run {run}'s jobs {', '.join(jobs[:8])}: {exc}"
+        if nodes is not None:
+            hosts &= set(nodes)
+            checked += f"; its jobs {', '.join(jobs[:8])} ({source}) hold {', '.join(nodes[:8]) or 'no node'}"
+        return frozenset(hosts), checked
 
     def _key(self, alert: Alert, rule: Rule, action: str, target: str) -> str:
         return f"{alert.key}:{action}:{target}" + (":dry" if self._dry(rule) else "")
@@ -291,7 +344,7 @@ class Remediator:
     def _missing(self, action: str, alert: Alert, rule: Rule, need: str) -> None:
         self._refuse(action, _No("missing_labels", f"{action} needs {need}"), alert, rule)
 
-    def _drain(self, alert: Alert, rule: Rule, host: str | None, *, why: str = "") -> None:
+    def _drain(self, alert: Alert, rule: Rule, host: str | None, *, why: str = "", checked: str = "") -> None:
         if host is None:
             self._missing("drain", alert, rule, f"a host in label {self.policy.hosts.label!r}")
             return
@@ -324,6 +377,8 @@ class Remediator:
         dry = self._dry(rule)
         outcome = self.backend.drain(host, reason, dry_run=dry, alert=alert.describe())
         extra = {"why": why} if why else {}
+        if checked:
+            extra["checked"] = checked
         self._done("drain", outcome, alert, rule, key=key, host=host, reason=reason, **extra)
 
     def _still_drained(self, host: str) -> bool:
@@ -644,8 +699,61 @@ class Remediator:
         )
 
     def _audit_alert(self, event: str, alert: Alert, rule: Rule, **fields: Any) -> None:
-        """An audit record about an alert that matched ``rule``."""
+        """An audit record about an alert that matched ``rule`` (and the bundle gathered for it)."""
+        bundles = self.incidents.bundles(alert) if self.incidents is not None else None
+        if bundles:
+            fields.setdefault("incident", [str(b.path) for b in bundles])
         self._audit(event, alert=alert.describe(), rule=rule.name, **fields)
+
+    #: Gathers each alert's incident bundle before any action (:mod:`babysitter.remediate.incidents`,
+    #: set by ``babysitter remediate``); None: no bundles.
+    incidents: IncidentHook | None = None
+
+    def _incident(self, alert: Alert) -> None:
+        """Gather the alert's bundle and audit it: before its rule's actions (bounded by the policy's
+        ``incidents.wait``), or, for an alert no rule acts on, on the hook's own thread."""
+        hook = self.incidents
+        matched = self.policy.rule_for(alert.labels) is not None
+        if hook is None or not hook.wants(alert, matched=matched):
+            return
+        cluster = self.policy.cluster
+        if cluster is not None and alert.labels.get(self.policy.cluster_label) != cluster:
+            return  # another cluster's alert: its remediator keeps its evidence
+        if hook.bundles(alert) is not None:
+            return  # this episode's bundle is in: Alertmanager re-sent the alert
+        started = time.monotonic()
+        if not matched:
+
+            def done(bundles: list[Any], source: str, error: str) -> None:
+                self._audit_incident(alert, bundles, source, time.monotonic() - started, error)
+
+            if not hook.gather_later(alert, done):
+                self._audit(
+                    "incident", alert=alert.describe(), detail="too many incidents queued: not gathered"
+                )
+            return
+        try:
+            bundles, source = hook.gather(alert)
+        except Exception as exc:  # evidence is worth a wait, never a missed action
+            log.exception("babysitter remediate: gathering the incident of %s failed", alert.name)
+            self._audit_incident(alert, [], "", time.monotonic() - started, f"{type(exc).__name__}: {exc}")
+            return
+        self._audit_incident(alert, bundles, source, time.monotonic() - started, "")
+
+    def _audit_incident(
+        self, alert: Alert, bundles: list[Any], source: str, seconds: float, error: str
+    ) -> None:
+        if error:
+            self._audit("incident", alert=alert.describe(), detail=error)
+            return
+        self._audit(
+            "incident",
+            alert=alert.describe(),
+            bundles=[b.describe() for b in bundles],
+            runs_from=source,
+            seconds=round(seconds, 3),
+            detail="" if bundles else "no run directory and no incidents.dir: nothing gathered",
+        )
 
     def _audit(self, event: str, **fields: Any) -> None:
         self.audit.write(event, t=self.clock(), **fields)

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from babysitter._install import pip_install_extra
 from babysitter.catalog.remediate import REMEDIATION_ACTIONS
 from babysitter.generate.config import parse_duration
+from babysitter.remediate.incident_options import IncidentOptions, parse_incidents
 
 __all__ = [
     "Allow",
@@ -64,7 +66,8 @@ class Rule:
     #: None: the policy's default.
     dry_run: bool | None = None
     #: Which hosts the rule acts on: ``alert`` (the alert's host label) or ``culprit`` (the hosts a
-    #: stall page names as its culprits, annotation ``culprit_hosts``: never a rank that only waits).
+    #: stall page names as its culprits, annotation ``culprit_hosts``: never a rank that only waits),
+    #: each only if it holds the run's ranks (needs ``jobs.prometheus_url``; docs/remediate.md).
     hosts_from: Literal["alert", "culprit"] = "alert"
     #: With ``hosts_from: culprit``: a stall naming more culprit hosts than this is not acted on
     #: (many culprits at once is a job or code problem, not a bad node).
@@ -186,6 +189,8 @@ class Policy:
     run_dirs: str | None = None
     #: A deferred alert (``firing_for``) not heard of again for this long is forgotten.
     pending_ttl: float = 86400.0
+    #: When and how the incident's bundle is gathered before acting (docs/incidents.md).
+    incidents: IncidentOptions = field(default_factory=IncidentOptions)
 
     def rule_for(self, labels: Mapping[str, str]) -> Rule | None:
         """The first rule that matches, or None."""
@@ -505,6 +510,7 @@ def parse_policy(data: object, *, base: Path | None = None) -> Policy:
         raise PolicyError(f"cluster_label: {cluster_label!r} is not a label name")
     dry_run = bool(top.boolean("dry_run", False))
     pending_ttl = top.duration("pending_ttl", "24h")
+    incidents = parse_incidents(top.section("incidents"), error=PolicyError, base=base)
 
     rules_data = top.take("rules")
     if not isinstance(rules_data, list) or not rules_data:
@@ -514,6 +520,12 @@ def parse_policy(data: object, *, base: Path | None = None) -> Policy:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise PolicyError(f"rules: names used twice: {', '.join(dupes)}")
+    for i, rule in enumerate(rules):
+        if rule.hosts_from == "culprit" and jobs.prometheus_url is None:
+            raise PolicyError(
+                f"rules[{i}].hosts_from: culprit needs jobs.prometheus_url: a culprit host is acted on only "
+                "when it holds the run's ranks, which the job map in Prometheus tells"
+            )
     top.done(
         (
             "version",
@@ -532,6 +544,7 @@ def parse_policy(data: object, *, base: Path | None = None) -> Policy:
             "dry_run",
             "pending_ttl",
             "rules",
+            "incidents",
         )
     )
     return Policy(
@@ -551,6 +564,7 @@ def parse_policy(data: object, *, base: Path | None = None) -> Policy:
         script=script,
         run_dirs=run_dirs,
         pending_ttl=pending_ttl,
+        incidents=incidents,
     )
 
 
@@ -567,7 +581,7 @@ def _toml(text: str) -> Any:
         import tomli  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         raise PolicyError(
-            "TOML policies on Python 3.10 need tomli: pip install 'babysitter[remediate]'"
+            f"TOML policies on Python 3.10 need tomli: {pip_install_extra('remediate')}"
         ) from None
     return tomli.loads(text)
 
@@ -584,7 +598,7 @@ def load_policy(path: Path) -> Policy:
             try:
                 import yaml
             except ImportError:
-                raise PolicyError("YAML policies need PyYAML: pip install 'babysitter[remediate]'") from None
+                raise PolicyError(f"YAML policies need PyYAML: {pip_install_extra('remediate')}") from None
             data = yaml.safe_load(text)
         elif suffix == ".toml":
             data = _toml(text)

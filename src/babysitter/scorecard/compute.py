@@ -38,6 +38,8 @@ METRICS: tuple[MetricInfo, ...] = (
     MetricInfo("effective_mfu", "effective MFU (MFU x goodput)", "ratio", True),
     MetricInfo("mfu", "MFU (median of runs)", "ratio", True),
     MetricInfo("goodput", "goodput", "ratio", True),
+    MetricInfo("slowdown_share", "GPU time lost to slow steps", "ratio", False),
+    MetricInfo("failure_share", "GPU time lost to failures (restarts, hangs)", "ratio", False),
     MetricInfo("interruptions_per_1000_gpu_hours", "interruptions / 1000 GPU-h", "per1000h", False),
     MetricInfo("xid_per_1000_gpu_hours", "Xid errors / 1000 GPU-h (all)", "per1000h", False),
     MetricInfo("checkpoint_bytes_per_second", "checkpoint save B/s per rank", "Bps", True),
@@ -57,6 +59,10 @@ class ClusterScore:
     rank: int = 0
     mfu: float | None = None
     goodput: float | None = None
+    #: Shares of the runs' GPU time lost to slow steps and to failures, and the slow share by cause.
+    slowdown_share: float | None = None
+    failure_share: float | None = None
+    slowdown_by_cause: dict[str, float] = field(default_factory=dict)
     gpu_hours: float | None = None
     rank_hours: float | None = None
     restarts: float | None = None
@@ -158,6 +164,9 @@ def build_scorecard(client: PromClient, queries: QuerySet, *, at: float | None =
     exprs: dict[str, str] = {
         "mfu": queries.mfu(),
         "goodput": queries.goodput(),
+        "slowdown_share": queries.slowdown_share(),
+        "failure_share": queries.failure_share(),
+        "slowdown_by_cause": queries.slowdown_by_cause(),
         "gpu_hours": queries.gpu_hours(),
         "rank_hours": queries.rank_hours(),
         "restarts": queries.restarts(),
@@ -178,7 +187,7 @@ def build_scorecard(client: PromClient, queries: QuerySet, *, at: float | None =
         return clusters.setdefault(name, ClusterScore(name))
 
     for key in exprs:
-        if key == "xid_errors":
+        if key in ("xid_errors", "slowdown_by_cause"):
             continue
         for name, value in _by_cluster(results[key], label).items():
             setattr(get(name), key, value)
@@ -186,7 +195,12 @@ def build_scorecard(client: PromClient, queries: QuerySet, *, at: float | None =
         cluster, xid = sample.labels.get(label), finite(sample.value)
         if cluster and xid is not None:
             get(cluster).xid_by_action[sample.labels.get("action", "unknown")] = xid
+    for sample in results["slowdown_by_cause"]:
+        cluster, share = sample.labels.get(label), finite(sample.value)
+        if cluster and share is not None:
+            get(cluster).slowdown_by_cause[sample.labels.get("slowdown_cause", "unknown")] = share
     for c in clusters.values():
+        c.slowdown_by_cause = dict(sorted(c.slowdown_by_cause.items(), key=lambda kv: -kv[1]))
         if c.restarts is not None and c.rank_hours:
             c.interruptions_per_1000_gpu_hours = 1000.0 * c.restarts / c.rank_hours
         if c.gpu_hours:

@@ -110,6 +110,33 @@ class QuerySet:
         badput = self._counter(self.rules.badput_total)
         return f"{productive} / ({productive} + {badput})"
 
+    def _gpu_seconds(self, record: str) -> str:
+        """Growth over the window of a run-level seconds counter, each run's weighted by its ranks (one
+        GPU each): GPU-seconds, summed per cluster."""
+        grown = self._over("increase", self._rule(record, self.tracker_selector))
+        ranks = self._over("max_over_time", self._rule(self.rules.slowdown.ranks, self.tracker_selector))
+        return f"sum {self._per()} ({grown}\n* on ({', '.join(self.rules.run_key)}) group_left ()\n{ranks})"
+
+    def _gpu_wall(self) -> str:
+        productive, badput = self.rules.productive_total, self.rules.badput_total
+        return f"({self._gpu_seconds(productive)}\n+ {self._gpu_seconds(badput)})"
+
+    def slowdown_share(self) -> str:
+        """Share of the runs' GPU time lost to slow steps (the ledger's slowdown, weighted by ranks)."""
+        return f"{self._gpu_seconds(self.rules.slowdown.slowdown_total)}\n/\n{self._gpu_wall()}"
+
+    def failure_share(self) -> str:
+        """Share of the runs' GPU time lost to failures: downtime, lost progress, startup, checkpoint
+        loads and hangs (the price of restarts)."""
+        return f"{self._gpu_seconds(self.rules.slowdown.failure_total)}\n/\n{self._gpu_wall()}"
+
+    def slowdown_by_cause(self) -> str:
+        """Share of the runs' GPU time lost to slow steps, by the likely cause the rule named."""
+        rule = self._rule(self.rules.slowdown.gpu_rate_by_cause, self.tracker_selector)
+        summed = self._over("sum_over_time", rule)
+        lost = f"sum {self._per('slowdown_cause')} ({summed}) * {self.step_seconds}"
+        return f"{lost}\n/ on ({self.by}) group_left ()\n{self._gpu_wall()}"
+
     def _hours(self, record: str, selector: str) -> str:
         return f"({self._integral(record, selector)} / 3600)"
 

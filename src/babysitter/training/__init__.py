@@ -23,6 +23,11 @@ Which thread runs what (the hot path is the only code on the training thread eve
                                     the groups' counters every second, a full dump when a straggler
                                     round asks (arrival: the score's arithmetic), a stall begins
                                     or a new group appears; a round's completion stamp.
+    incidents thread (~1 s)         incidents.IncidentResponder: a stat of RUN_DIR/incidents; on a
+                                    request, every thread's stack and one flight-recorder dump into
+                                    the incident's bundle (incident_files: its layout, no link
+                                    followed). crash.install: the uncaught exception's record, from
+                                    sys.excepthook, on the thread that raised it.
     scrape (HTTP server thread)     collector.TrackerCollector: Tracker.snapshot -> metric families
                                     named by the catalog; served by babysitter.export.
     OTLP thread (optional)          otlp.OtlpPusher: the same families pushed to a Collector.

@@ -116,6 +116,7 @@ class TrackerCollector:
         yield from one(T.LOSS, s.loss)
         yield from one(T.NONFINITE_LOSS, s.nonfinite_loss)
         yield from one(T.RUN_START_TIMESTAMP, s.start_time)
+        yield from one(T.WORLD_SIZE, self._tracker.config.rank.world_size)
         info = T.INFO.family(names)
         info.add_metric(values, s.info)  # type: ignore[attr-defined]
         yield info

@@ -7,6 +7,7 @@ an error: the tracker reports it as a metric and one log line, and training goes
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -14,7 +15,8 @@ import re
 import socket
 import ssl
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,15 @@ from babysitter.flops.parallel import ParallelLayout
 from babysitter.labels import sanitize_value, validate_labels
 from babysitter.training.dist import RankInfo, detect_rank
 
-__all__ = ["MANIFEST_MODES", "FlopsChoice", "PeakChoice", "TrackerConfig", "manifest_mode", "resolve"]
+__all__ = [
+    "MANIFEST_MODES",
+    "FlopsChoice",
+    "PeakChoice",
+    "TrackerConfig",
+    "manifest_mode",
+    "missing_flops_said",
+    "resolve",
+]
 
 #: ``watch(checkpoint_manifest=...)`` and ``checkpoint_save(manifest=...)`` values
 #: (:mod:`babysitter.training.manifests`).
@@ -185,43 +195,70 @@ def _tls(tls: object) -> TLSConfig | None:
     return tls
 
 
+#: True while a caller that has already said why there are no FLOPs calls ``watch()`` without them.
+_MISSING_FLOPS_SAID: ContextVar[bool] = ContextVar("babysitter_missing_flops_said", default=False)
+
+
+@contextlib.contextmanager
+def missing_flops_said() -> Iterator[None]:
+    """Inside, ``watch()`` without FLOPs does not log its own warning: the caller (a callback) has
+    logged the one line, with the reason and the argument of its own that fixes it."""
+    token = _MISSING_FLOPS_SAID.set(True)
+    try:
+        yield
+    finally:
+        _MISSING_FLOPS_SAID.reset(token)
+
+
 def _flops(
     model: object,
-    flops_per_token: float | None,
+    flops_per_token: object,
     hardware_flops_per_token: float | None,
     seq_len: int | None,
 ) -> FlopsChoice:
-    if flops_per_token is not None:
-        value = _positive_number("flops_per_token", flops_per_token)
-        hardware = (
-            _positive_number("hardware_flops_per_token", hardware_flops_per_token)
-            if hardware_flops_per_token is not None
-            else value
-        )
-        if hardware < value:
-            raise ValueError(
-                "hardware_flops_per_token counts recomputation and cannot be below flops_per_token"
+    from babysitter import flops as flops_mod
+
+    if flops_per_token is None and model is None:
+        if not _MISSING_FLOPS_SAID.get():
+            log.warning(
+                "babysitter: no FLOPs per token, so train_model_flops_total and MFU are not reported: pass "
+                "flops_per_token= to watch() (or the model, e.g. watch(model, seq_len=...))"
             )
-        return FlopsChoice(value, hardware, "explicit")
-    if model is None:
         return FlopsChoice(None, None, "unknown")
-    try:
-        from babysitter import flops as flops_mod
-    except ImportError:  # pragma: no cover - the flops package ships with babysitter
-        return FlopsChoice(None, None, "unknown")
-    try:
-        estimate = flops_mod.estimate(model, seq_len=seq_len)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"cannot derive FLOPs per token from the model: {exc}. Pass seq_len= (the training sequence "
-            "length) with a Hugging Face model or config, or flops_per_token= and hardware_flops_per_token= "
-            "yourself, e.g. from babysitter.flops.estimate(config, seq_len=..., encoder_seq_len=..., "
-            "recompute=...) for encoder-decoder models or activation recomputation"
-        ) from exc
-    hardware = estimate.hardware
+    if flops_per_token is None:
+        try:
+            per_token = flops_mod.infer(model, seq_len=seq_len)
+        except flops_mod.FlopsUnavailable as exc:
+            hint = {
+                "seq_len": " (the length of the sequences it trains on)",
+                "flops_per_token": (
+                    " (a number, or babysitter.flops.estimate(...), from_parameters(...) or "
+                    "measure(...).per_token())"
+                ),
+            }.get(exc.argument, "")
+            raise flops_mod.FlopsUnavailable(
+                exc.reason,
+                argument=exc.argument,
+                pending=exc.pending,
+                message=(
+                    f"cannot derive FLOPs per token from the model: {exc.reason}. Pass {exc.argument}={hint}"
+                ),
+            ) from exc
+    elif isinstance(flops_per_token, flops_mod.FlopsPerToken):
+        per_token = flops_per_token
+    else:
+        value = _positive_number("flops_per_token", flops_per_token)
+        per_token = flops_mod.FlopsPerToken(model=value, hardware=value, source="explicit")
+    model_flops = _positive_number("flops_per_token", per_token.model)
+    hardware = per_token.hardware
     if hardware_flops_per_token is not None:
         hardware = _positive_number("hardware_flops_per_token", hardware_flops_per_token)
-    return FlopsChoice(float(estimate.model), float(hardware), str(estimate.source))
+    if hardware < model_flops:
+        raise ValueError("hardware_flops_per_token counts recomputation and cannot be below flops_per_token")
+    if per_token.note:
+        level = logging.WARNING if per_token.source == "params:no-attention" else logging.INFO
+        log.log(level, "babysitter: %s", per_token.note)
+    return FlopsChoice(model_flops, float(hardware), per_token.source)
 
 
 def _peak(peak_flops: float | None, dtype: object, device: str | None) -> PeakChoice:
@@ -270,7 +307,7 @@ def resolve(
     run: str | None,
     tokens_per_step: int | None,
     samples_per_step: int | None,
-    flops_per_token: float | None,
+    flops_per_token: object,
     hardware_flops_per_token: float | None,
     seq_len: int | None,
     peak_flops: float | None,

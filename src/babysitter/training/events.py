@@ -36,6 +36,7 @@ class RunEvents(Protocol):
         peak_flops: float | None,
         data_waits: Sequence[float] | None = None,
         dropped: int = 0,
+        tokens: Sequence[int] | None = None,
     ) -> None:
         """Steps finished since the last call: ``(global_step, unix_time_of_step_end)`` in order;
         the time spent blocked on the input pipeline, and the model FLOPs this rank did, over the same
@@ -44,7 +45,8 @@ class RunEvents(Protocol):
         ``data_waits``: the same wait split by boundary (the wait inside each step, the wait before the
         first step in the first boundary), so that a stall is booked on the step it happened in.
         ``dropped``: boundaries before the first one that the tracker could not keep one by one; their
-        time is in the first boundary's step."""
+        time is in the first boundary's step. ``tokens``: the tokens of each boundary's step (0 where
+        unknown), so the slowdown baseline follows a change of the step's work."""
 
     def checkpoint_begin(self, *, kind: CheckpointKind, step: int, time: float, path: str | None) -> None:
         """A checkpoint save or load of ``step`` started (blocking part)."""
@@ -92,6 +94,12 @@ class RunEvents(Protocol):
         """The training loop numbers steps ``by`` higher than every step handed over so far said
         (the tracker adopted the loop's numbers after a restart without ``checkpoint_load``)."""
 
+    def straggler(
+        self, *, time: float, rank: int | None, score: float, host: str | None, gpu: str | None
+    ) -> None:
+        """The straggler exchange's slowest rank (``rank`` None: no rank is slow any more), with its
+        host and GPU when known: the evidence that names the cause of slow steps."""
+
     def flush(self, *, durable: bool = False) -> None:
         """Write buffered events; ``durable`` also fsyncs (checkpoint completion, shutdown)."""
 
@@ -120,6 +128,7 @@ class NullEvents:
         peak_flops: float | None,
         data_waits: Sequence[float] | None = None,
         dropped: int = 0,
+        tokens: Sequence[int] | None = None,
     ) -> None:
         """Ignored."""
 
@@ -164,6 +173,11 @@ class NullEvents:
         """Ignored."""
 
     def renumber(self, *, time: float, by: int) -> None:
+        """Ignored."""
+
+    def straggler(
+        self, *, time: float, rank: int | None, score: float, host: str | None, gpu: str | None
+    ) -> None:
         """Ignored."""
 
     def flush(self, *, durable: bool = False) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 from babysitter.catalog import integrity as I
 from babysitter.checkpoints import BuildResult, build_manifest
-from babysitter.checkpoints.digest import ALGORITHM, CHUNK
+from babysitter.checkpoints.digest import ALGORITHM, CHUNK, check_chunk
 from babysitter.training.config import manifest_mode
 from babysitter.training.tracker import CheckpointHandle, Tracker
 
@@ -73,7 +73,7 @@ class ManifestWriter:
         self.tracker = tracker
         self.mode = manifest_mode(mode)
         self.alg = alg
-        self.chunk = chunk
+        self.chunk = check_chunk(chunk)
         self.part_wait = part_wait
         self.close_wait = close_wait
         self.future_timeout = future_timeout

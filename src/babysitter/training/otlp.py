@@ -199,9 +199,11 @@ class OtlpPusher:
             import requests
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         except ImportError as exc:
+            from babysitter._install import pip_install_extra
+
             raise ValueError(
                 "OTLP export needs the opentelemetry-exporter-otlp-proto-http package "
-                "(pip install 'babysitter[otlp]')"
+                f"({pip_install_extra('otlp')})"
             ) from exc
         session = requests.Session()
         # A loopback Collector (a sidecar) must not go through the site's HTTP proxy.

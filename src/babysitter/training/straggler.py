@@ -49,6 +49,7 @@ from __future__ import annotations
 import datetime
 import logging
 import math
+import socket
 import statistics
 import sys
 import time
@@ -57,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from babysitter.catalog import runtime as R
+from babysitter.ledger.slowdown import TOLERANCE
 from babysitter.training import arrival, flight
 from babysitter.training.tracker import Tracker
 
@@ -164,6 +166,10 @@ class StragglerMonitor:
         self._last_x: tuple[int, int] | None = None
         self._scores: deque[float] = deque(maxlen=_KEEP_RESULTS)
         self._lags: deque[float] = deque(maxlen=_KEEP_RESULTS)
+        #: Rank 0: every rank's last arrival scores, and where each rank runs (host, GPU uuid).
+        self._all_scores: list[deque[float]] = []
+        self._placements: list[tuple[str, str]] = []
+        self._reported: int | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -201,6 +207,7 @@ class StragglerMonitor:
         self._group = dist.new_group(backend="gloo", timeout=timeout)
         self._dist, self._torch = dist, torch
         self.world_size, self.rank = world, int(dist.get_rank())
+        self._exchange_placements(dist)
         self.enabled = True
         if self.collectives is not None:
             self.collectives.exclude_group(str(getattr(self._group, "group_name", "")))
@@ -208,6 +215,20 @@ class StragglerMonitor:
         self.tracker.add_close_hook(self.close)
         log.info("babysitter: straggler scores on: exchange every %d steps over gloo", self.every)
         return True
+
+    def _exchange_placements(self, dist: Any) -> None:
+        """Every rank's host and GPU, once, for the ledger's straggler records (rank 0 writes them):
+        a small all_gather at setup, where every rank already meets (the group's creation)."""
+        mine = (socket.gethostname()[:256], str(self.tracker.gpu.get("uuid", ""))[:128])
+        try:
+            gathered: list[Any] = [None] * self.world_size
+            dist.all_gather_object(gathered, mine, group=self._group)
+            self._placements = [
+                (str(p[0]), str(p[1])) if isinstance(p, tuple) and len(p) == 2 else ("", "") for p in gathered
+            ]
+        except Exception as exc:  # the records then name the rank alone
+            self.tracker.errors.record("straggler_setup", exc)
+            self._placements = []
 
     def attach(self) -> StragglerMonitor:
         """Drive the exchange from ``tracker.step()`` (plain training loops); returns self.
@@ -359,8 +380,31 @@ class StragglerMonitor:
                 self.lag = statistics.median(self._lags)
                 if self.collectives is not None:
                     self.collectives.lag = self.lag
+            if self.rank == 0:
+                self._record_straggler(found)
         costs = [r[6] for r in rows if math.isfinite(r[6]) and r[6] >= 0]
         self._cadence = max(1, min(10_000, math.ceil(max(costs, default=0.0) / _budget())))
+
+    def _record_straggler(self, found: list[float | None]) -> None:
+        """Rank 0: tell the ledger which rank the others wait for (the median of its last three
+        scores at least 1 + the slowdown tolerance), and once when none does any more."""
+        if len(self._all_scores) != len(found):
+            self._all_scores = [deque(maxlen=_KEEP_RESULTS) for _ in found]
+        for queue, score in zip(self._all_scores, found, strict=True):
+            if score is not None and math.isfinite(score):
+                queue.append(score)
+        medians = [statistics.median(q) if q else 0.0 for q in self._all_scores]
+        worst = max(range(len(medians)), key=medians.__getitem__) if medians else None
+        slow = worst is not None and medians[worst] >= 1.0 + TOLERANCE
+        if not slow and self._reported is None:
+            return
+        host = gpu = None
+        if slow and worst is not None and worst < len(self._placements):
+            host, gpu = self._placements[worst][0] or None, self._placements[worst][1] or None
+        self.tracker.record_straggler(
+            worst if slow else None, medians[worst] if slow and worst is not None else 0.0, host, gpu
+        )
+        self._reported = worst if slow else None
 
     def _disable(self, why: str, exc: BaseException | None) -> None:
         if not self.enabled:

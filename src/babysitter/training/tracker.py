@@ -226,6 +226,7 @@ class Tracker:
         self._adopt: tuple[int, int, str] | None = None
         self._step_mismatch_said = False
         self._mfu_said = False
+        self._tokens_said = False
         self._loss: object = None
         self._r_t = [0] * _RING
         self._r_tok = [0] * _RING
@@ -604,6 +605,8 @@ class Tracker:
             self._apply_adoption(start, n)
         boundaries: list[tuple[int, float]] = []
         waits: list[float] = []
+        work: list[int] = []
+        r_tok = self._r_tok
         stall = self._fold_stall_ns
         oldest = max(0, n - _RING)
         for i in range(start, n):
@@ -617,6 +620,8 @@ class Tracker:
             boundaries.append((r_step[j], self._wall(r_t[j])))
             waits.append((r_wait[j] - stall) / 1e9)
             stall = r_wait[j]
+            # The step's tokens from the ring's running count (its predecessor overwritten: unknown).
+            work.append(r_tok[j] - r_tok[(i - 1) & _MASK] if i > oldest else r_tok[j] if i == 0 else 0)
         self._folded = n
         if self._timer is not None:
             for seconds in self._timer.drain():
@@ -634,6 +639,7 @@ class Tracker:
                     peak_flops=self.config.peak.flops_per_second,
                     data_waits=waits,
                     dropped=dropped,
+                    tokens=work,
                 )
             except Exception as exc:
                 self.errors.record("ledger", exc)
@@ -826,6 +832,14 @@ class Tracker:
             out.append(max(0, (r_t[j] - r_t[k]) - (r_pause[j] - r_pause[k])) / 1e9)
         return out
 
+    def record_straggler(self, rank: int | None, score: float, host: str | None, gpu: str | None) -> None:
+        """Tell the run ledger which rank the others wait for (None: none any more); the straggler
+        exchange's call on rank 0, at a round (every N steps), never per step."""
+        try:
+            self._events.straggler(time=time.time(), rank=rank, score=score, host=host, gpu=gpu)
+        except Exception as exc:
+            self.errors.record("ledger", exc)
+
     def record_hang(self, seconds_since_step: float) -> None:
         """Tell the run ledger that no step finished for ``seconds_since_step`` (the watchdog's call)."""
         try:
@@ -893,11 +907,26 @@ class Tracker:
         except Exception as exc:
             self.errors.record("housekeeping", exc)
         self._check_mfu()
+        self._check_tokens()
         for hook in list(self._housekeeping_hooks):
             try:
                 hook(self)
             except Exception as exc:
                 self.errors.record("housekeeping_hook", exc)
+
+    def _check_tokens(self) -> None:
+        """Say once when steps go by and no token is counted although FLOPs per token are known:
+        FLOPs are tokens x FLOPs per token, so train_model_flops_total and MFU stay empty (a loop that
+        never passes tokens, a callback whose batches hold no token ids)."""
+        if self._tokens_said or self._n < 3 or self._tokens or not self.config.flops.model:
+            return
+        self._tokens_said = True
+        log.warning(
+            "babysitter: %d steps and no tokens counted, so train_model_flops_total and MFU are not "
+            "reported: pass tokens_per_step= (the tokens of this rank's replica per optimizer step) to "
+            "watch() or the callback, or tokens= to tracker.step(); logged once",
+            self._n,
+        )
 
     def _check_mfu(self) -> None:
         """Say once when MFU comes out above 1: no device beats its dense peak, so the peak (or the
@@ -1007,7 +1036,8 @@ class Tracker:
 
 
 def _absolute(path: object) -> str | None:
-    """Checkpoint paths go to the ledger absolute: the node agent's sentinel runs elsewhere."""
+    """Checkpoint paths go to the sink absolute (the ledger stores those inside the run directory
+    relative to it: :mod:`babysitter.ledger.paths`)."""
     if path is None:
         return None
     return str(os.path.abspath(os.fspath(path)))  # type: ignore[call-overload]

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from babysitter._version import __version__
 from babysitter.export.http import TLSConfig, serve
+from babysitter.flops.formulas import FlopsPerToken
 from babysitter.training.collector import TrackerCollector
 from babysitter.training.config import TrackerConfig, manifest_mode, resolve
 from babysitter.training.events import NullEvents, RunEvents
@@ -48,7 +49,7 @@ def watch(
     tokens_per_step: int | None = None,
     samples_per_step: int | None = None,
     parallelism: Mapping[str, int] | Any | None = None,
-    flops_per_token: float | None = None,
+    flops_per_token: float | FlopsPerToken | None = None,
     hardware_flops_per_token: float | None = None,
     seq_len: int | None = None,
     peak_flops: float | None = None,
@@ -78,6 +79,7 @@ def watch(
     checkpoint_manifest: bool | str = "background",
     replica_check_every: int | None = None,
     replica_ranks: object = None,
+    incidents: bool = True,
 ) -> Tracker:
     """Start tracking this training process and serve its metrics.
 
@@ -87,8 +89,13 @@ def watch(
     port, an unwritable registration directory) in ``babysitter_internal_errors_total``.
 
     Args:
-        model: a torch module (with a Hugging Face ``.config`` for FLOPs from the architecture) or a
-            config; used for FLOPs per token when ``flops_per_token`` is not given.
+        model: what FLOPs per token come from when ``flops_per_token`` is not given
+            (:func:`babysitter.flops.infer`, docs/flops.md): a Hugging Face model or config of a
+            covered ``model_type``, a nanoGPT-style config (``n_layer``, ``n_head``, ``n_embd``,
+            ``vocab_size``) or any torch module (nanoGPT's ``GPT``, a plain ``nn.Module``): its
+            parameters are counted (6N) and its attention layers found (12·L·H·Q·T, which needs
+            ``seq_len``). What cannot be counted fails here, naming the argument to pass. Without a
+            model or ``flops_per_token`` there is no MFU, and one warning says so.
         run: the run's name, stable across restarts (default: ``$BABYSITTER_RUN``, the run
             directory's name, torchrun's run id, the Slurm job id).
         tokens_per_step / samples_per_step: tokens (samples) of this rank's data-parallel replica per
@@ -104,9 +111,10 @@ def watch(
             dimensions, else data parallelism only. A layout that does not fit the world size
             fails here.
         flops_per_token: model FLOPs per token of the whole model (not of this rank's shard), forward
-            and backward, no recomputation (MFU).
+            and backward, no recomputation (MFU): a number, or a :class:`babysitter.flops.FlopsPerToken`
+            (from ``flops.estimate``/``infer``/``measure``), whose hardware FLOPs and source come along.
         hardware_flops_per_token: the same counting recomputation (HFU); defaults to the model FLOPs.
-        seq_len: training sequence length, for the attention term of FLOPs from a model config.
+        seq_len: training sequence length, for the attention term of FLOPs from the model.
         peak_flops: dense peak FLOP/s of this rank's device, overriding the table.
         dtype: training dtype for the peak lookup (``"bf16"``, ``torch.bfloat16``, ``"fp8"``...);
             default bf16.
@@ -151,6 +159,10 @@ def watch(
             1-D DeviceMesh of them (``mesh["dp_replicate"]`` under HSDP); default: the ranks with this
             rank's tensor, context and pipeline coordinates (Megatron-LM's and torchtitan's rank
             order), or what the model's DTensor placements say.
+        incidents: with a ``run_dir``, answer incident requests there (``run_dir/incidents/``: this
+            rank's thread stacks and flight recorder, from a thread of its own, for the bundle
+            ``babysitter remediate`` gathers before it acts; docs/incidents.md) and keep the uncaught
+            exception that ends this rank. False turns both off.
     """
     try:
         config = resolve(
@@ -195,6 +207,8 @@ def watch(
         validate(model, replica_check_every, replica_ranks, config.rank.rank)
     if not isinstance(flight_recorder, bool):
         raise ValueError(f"flight_recorder must be True or False, got {flight_recorder!r}")
+    if not isinstance(incidents, bool):
+        raise ValueError(f"incidents must be True or False, got {incidents!r}")
     runtime["flight_recorder"] = _flight_recorder(flight_recorder)
     if otlp_endpoint is not None:
         from babysitter.training.otlp import _endpoint
@@ -223,7 +237,9 @@ def watch(
         tracker.errors.record("ledger", exc)
     _export(tracker, config)
     _start_manifests(tracker, manifests)
-    _start_runtime(tracker, runtime)
+    collectives = _start_runtime(tracker, runtime)
+    if incidents and config.run_dir is not None:
+        _start_incidents(tracker, config.run_dir, collectives)
     if replica_check_every is not None:
         _start_replicas(tracker, model, replica_check_every, replica_ranks)
     if otlp_endpoint is not None:
@@ -285,7 +301,7 @@ def _flight_recorder(wanted: bool) -> str | None:
     return enable()
 
 
-def _start_runtime(tracker: Tracker, runtime: dict[str, Any]) -> None:
+def _start_runtime(tracker: Tracker, runtime: dict[str, Any]) -> Any:
     from babysitter.training.straggler import StragglerMonitor
     from babysitter.training.watchdog import Watchdog
 
@@ -300,6 +316,20 @@ def _start_runtime(tracker: Tracker, runtime: dict[str, Any]) -> None:
         )
         if monitor.start() or monitor.waiting:
             monitor.attach()
+    return collectives
+
+
+def _start_incidents(tracker: Tracker, run_dir: str | os.PathLike[str], collectives: Any) -> None:
+    """Answer incident requests in the run directory and keep this rank's crash (never raises)."""
+    try:
+        from babysitter.training.crash import install
+        from babysitter.training.incidents import IncidentResponder
+
+        describe = collectives.describe if collectives is not None else None
+        IncidentResponder(tracker, run_dir, describe=describe).start()
+        install(tracker, run_dir)
+    except Exception as exc:
+        tracker.errors.record("incidents", exc)
 
 
 def _start_manifests(tracker: Tracker, mode: str) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter.catalog import runtime as R
+from babysitter.training.ticker import TrackerThread
 from babysitter.training.tracker import Tracker
 
 __all__ = ["Watchdog", "default_dump_dir", "validate_options"]
@@ -66,7 +67,7 @@ def default_dump_dir(tracker: Tracker) -> Path:
     return Path(tempfile.gettempdir()) / "babysitter-hangs"
 
 
-class Watchdog:
+class Watchdog(TrackerThread):
     """Watches one tracker for hangs; start it with :meth:`start` (``watch(hang_timeout=...)`` does).
 
     Args:
@@ -104,43 +105,29 @@ class Watchdog:
             interval=interval,
             kill_signal=kill_signal,
         )
-        self.tracker = tracker
+        super().__init__(tracker, interval, "babysitter-watchdog")
         self.timeout = float(timeout) if timeout is not None else None
         self.factor = float(factor)
         self.floor = float(floor)
         self.startup = float(startup)
         self.dump_dir = Path(dump_dir) if dump_dir is not None else default_dump_dir(tracker)
         self.kill_signal = kill_signal
-        self.interval = float(interval)
         self.report = report
         self.hangs = 0
         self.last_dump: Path | None = None
         self._in_hang = False
         self._threshold = self.timeout if self.timeout is not None else self.startup
         self._stalled = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> Watchdog:
         """Start the watchdog thread and export its metrics through the tracker; returns self."""
         self.tracker.add_metrics_source(self.metrics)
-        self.tracker.add_close_hook(self.stop)
-        self._thread = threading.Thread(target=self._loop, name="babysitter-watchdog", daemon=True)
-        self._thread.start()
-        return self
+        return super().start()
 
-    def stop(self) -> None:
-        """Stop the thread (the tracker's close does this)."""
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=2.0)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.check()
+    def tick(self) -> object:
+        return self.check()
 
     # ------------------------------------------------------------------ detection
 

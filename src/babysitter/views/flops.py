@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from babysitter.terminal import clean
+
 __all__ = ["render_text"]
 
 
@@ -26,14 +28,11 @@ def _lines(r: dict[str, Any]) -> list[str]:
     p = r["parameters"]
     lines: list[str] = []
     emit = lines.append
-    emit(f"{r['config']}  ({r['model_type']})")
+    emit(clean(f"{r['config']}  ({r['model_type']})"))  # the config file's own words
     emit(
         f"parameters: total {_count(p['total'])}, active {_count(p['active'])}, embedding "
         f"{_count(p['embedding'])}, active non-embedding {_count(p['active_non_embedding'])}"
     )
-    if "note" in r:
-        emit(r["note"])
-        return lines
     f = r["flops_per_token"]
     seq = f"seq_len {r['seq_len']}" + (f", encoder {r['encoder_seq_len']}" if "encoder_seq_len" in r else "")
     emit(f"FLOPs per token ({seq}): model {_si(f['model'], 'FLOP')}, hardware {_si(f['hardware'], 'FLOP')}")
@@ -52,6 +51,8 @@ def _lines(r: dict[str, Any]) -> list[str]:
         emit(
             f"peak: {d['row']} {d['dtype']} {_si(d['peak_flops_per_second'], 'FLOP/s')} dense ({d['source']})"
         )
+        if d.get("note"):
+            emit(f"  ({d['note']})")
         for target, need in r["tokens_per_second_for_mfu"].items():
             line = f"  MFU {float(target):.0%}: {need['per_device']:,.0f} tokens/s per device"
             if d["devices"] > 1:

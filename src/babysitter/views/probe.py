@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from babysitter.probe.results import ProbeReport
+from babysitter.terminal import clean
 
 __all__ = ["render_table"]
 
@@ -33,10 +34,10 @@ def _rows(report: ProbeReport) -> Iterable[list[str]]:
     for d in report.devices:
         ratio = d.matmul.peak_ratio
         yield [
-            d.host,
+            clean(d.host),
             str(d.rank),
-            d.gpu,
-            d.name[:32],
+            clean(d.gpu),
+            clean(d.name)[:32],
             _si(d.matmul.flops_per_second, "FLOP/s") + f" {d.matmul.dtype}",
             "-" if ratio is None else f"{ratio:.0%}",
             _si(d.memory.bytes_per_second, "B/s"),
@@ -51,6 +52,7 @@ def render_table(report: ProbeReport, stream: Any = None) -> None:
     headers = ["host", "rank", "device", "model", "matmul", "of peak", "memory", "H2D", "D2H", "lemon"]
     rows = list(_rows(report))
     c = report.collective
+    # Host, device and path names and errors come from the probed hosts: cleaned, printed as Text.
     coll = (
         f"all-reduce ({c.backend}, {c.world_size} ranks, {c.bytes / 2**20:.0f} MiB): "
         f"busbw {_si(c.busbw_bytes_per_second, 'B/s')}, algbw {_si(c.algbw_bytes_per_second, 'B/s')}"
@@ -59,28 +61,32 @@ def render_table(report: ProbeReport, stream: Any = None) -> None:
     )
     for n in report.node_collectives:
         coll += (
-            f"\n  within {n.host} ({n.world_size} ranks): busbw {_si(n.busbw_bytes_per_second, 'B/s')}"
+            f"\n  within {clean(n.host)} ({n.world_size} ranks): busbw {_si(n.busbw_bytes_per_second, 'B/s')}"
             if not n.skipped
-            else f"\n  within {n.host}: skipped ({n.skipped})"
+            else f"\n  within {clean(n.host)}: skipped ({n.skipped})"
         )
+    coll = clean(coll, multiline=True)
     storage = [
         [
-            s.host,
-            s.path,
+            clean(s.host),
+            clean(s.path),
             f"{s.size_bytes / 2**20:.0f} MiB",
             _si(s.write_bytes_per_second, "B/s"),
             "-" if s.fsync_seconds is None else f"{s.fsync_seconds:.3f} s",
             _si(s.read_bytes_per_second, "B/s"),
-            s.error,
+            clean(s.error),
         ]
         for s in report.storage
     ]
     nodes = [
-        f"{x.host}: {x.check} {x.below_median:.0%} below median" for x in report.lemons if x.scope == "node"
+        clean(f"{x.host}: {x.check} {x.below_median:.0%} below median")
+        for x in report.lemons
+        if x.scope == "node"
     ]
     try:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
     except ImportError:
         _plain(
             headers=headers, rows=rows, coll=coll, storage=storage, nodes=nodes, report=report, stream=stream
@@ -93,17 +99,17 @@ def render_table(report: ProbeReport, stream: Any = None) -> None:
             h, justify="right" if h in ("rank", "matmul", "of peak", "memory", "H2D", "D2H") else "left"
         )
     for row in rows:
-        table.add_row(*row, style="bold red" if row[-1] else None)
+        table.add_row(*map(Text, row), style="bold red" if row[-1] else None)
     console.print(table)
-    console.print(coll)
+    console.print(Text(coll))
     if storage:
         st = Table(title="checkpoint storage")
         for h in ("host", "path", "file", "write+fsync", "fsync", "cold read", "error"):
             st.add_column(h)
         for srow in storage:
-            st.add_row(*srow)
+            st.add_row(*map(Text, srow))
         console.print(st)
-    _summary(report, nodes, console.print)
+    _summary(report, nodes, lambda line: console.print(Text(line)))
 
 
 def _plain(

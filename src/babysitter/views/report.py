@@ -15,6 +15,8 @@ from typing import Any
 
 from babysitter.checkpoints import CheckpointStatus
 from babysitter.ledger.summary import RunSummary
+from babysitter.terminal import clean
+from babysitter.views.slowdown import render_slowdown, slow_spans
 
 __all__ = [
     "CAUSE_COLORS",
@@ -37,6 +39,7 @@ CAUSE_COLORS = {
     "eval": "#2ca02c",
     "phase": "#98df8a",
     "hang": "#ff7f0e",
+    "slowdown": "#e377c2",
     "other": "#c7c7c7",
 }
 
@@ -71,7 +74,7 @@ def render_table(summary: RunSummary, console: Any = None) -> None:
     console = console or Console()
     t = summary.totals
     console.print(
-        f"[bold]{escape(summary.run)}[/bold]  state [bold]{summary.state}[/bold]  "
+        f"[bold]{escape(clean(summary.run))}[/bold]  state [bold]{summary.state}[/bold]  "
         f"wall {_dur(t.wall_seconds)}  goodput [bold]{t.goodput:.1%}[/bold]  restarts {t.restarts}  "
         f"checkpoints {summary.checkpoints_ok} saved / {summary.checkpoints_failed} failed"
     )
@@ -109,7 +112,7 @@ def render_table(summary: RunSummary, console: Any = None) -> None:
             continue
         cells = [f"{per_window[n] / (summary.windows[n].wall_seconds or 1.0):.1%}" for n in summary.windows]
         style = "bold green" if name == "productive" else None
-        causes.add_row(name, _dur(seconds), f"{seconds / wall:.1%}", *cells, style=style)
+        causes.add_row(Text(clean(name)), _dur(seconds), f"{seconds / wall:.1%}", *cells, style=style)
     causes.add_row(
         "wall", _dur(t.wall_seconds), "100%", *[_dur(w.wall_seconds) for w in summary.windows.values()]
     )
@@ -131,16 +134,17 @@ def render_table(summary: RunSummary, console: Any = None) -> None:
         steps = "-" if inc.first_step is None else f"{inc.first_step}..{inc.last_step}"
         incs.add_row(
             str(inc.index),
-            Text(inc.host),  # from the ledger file: never markup
+            Text(clean(inc.host)),  # from the ledger file: never markup, no control characters
             str(inc.pid),
             _utc(inc.start)[11:] if one_day else _utc(inc.start)[5:],
             _dur(inc.end - inc.start),
             "-" if inc.resumed_from is None else str(inc.resumed_from),
             steps,
             "-" if inc.mean_step_seconds is None else f"{inc.mean_step_seconds:.3g}s",
-            inc.ending,
+            Text(clean(inc.ending)),
         )
     console.print(incs)
+    render_slowdown(summary, console)
     _render_restarts(summary, console)
     _render_advice(summary, console)
 
@@ -180,7 +184,7 @@ def render_checkpoints(
 
     console = console or Console()
     for style, line in resume_lines(statuses, resume):
-        console.print(Text(line, style=style))  # paths and details from files: never markup
+        console.print(Text(clean(line), style=style))  # paths and details from files: never markup
 
 
 def _pct(value: float | None) -> str:
@@ -189,7 +193,9 @@ def _pct(value: float | None) -> str:
 
 def advice_line(summary: RunSummary) -> str:
     """The checkpoint advice in one line (plain text): the advice, the expected goodputs, the inputs
-    and how much data they rest on."""
+    and how much data they rest on. The expected goodputs are Daly's model's, which counts only what
+    checkpointing trades (saves against lost work and restarts), and say so: a run's measured goodput
+    printed next to them is lower by every other badput (startup, data stalls, hangs)."""
     a = summary.advice
     if a is None:
         return "checkpoint advice: no ledger records"
@@ -210,8 +216,8 @@ def advice_line(summary: RunSummary) -> str:
         gain = "" if a.gain is None else f", {a.gain * 100:+.1f} points"
         head = (
             f"checkpoint advice: save every {_dur(a.recommended_interval_seconds)} (95%: {span}; now every "
-            f"{now}): expected goodput {_pct(a.expected_goodput_recommended)} vs "
-            f"{_pct(a.expected_goodput_current)} now{gain}"
+            f"{now}): by Daly's model (saves, restarts and lost work only) expected goodput "
+            f"{_pct(a.expected_goodput_recommended)} vs {_pct(a.expected_goodput_current)} now{gain}"
         )
     note = a.note
     data = ""
@@ -228,7 +234,7 @@ def _render_advice(summary: RunSummary, console: Any) -> None:
 
     if summary.advice is None:
         return
-    console.print(Text(advice_line(summary), style="" if summary.advice.sufficient else "yellow"))
+    console.print(Text(clean(advice_line(summary)), style="" if summary.advice.sufficient else "yellow"))
 
 
 def _render_restarts(summary: RunSummary, console: Any) -> None:
@@ -240,8 +246,10 @@ def _render_restarts(summary: RunSummary, console: Any) -> None:
         skipped = ", ".join(f"{n} {why}" for why, n in sorted(summary.notes_skipped.items()))
         console.print(
             Text(
-                "remediation notes: "
-                + "; ".join(x for x in (summary.notes_error, skipped and f"skipped {skipped}") if x),
+                clean(
+                    "remediation notes: "
+                    + "; ".join(x for x in (summary.notes_error, skipped and f"skipped {skipped}") if x)
+                ),
                 style="yellow",
             )
         )
@@ -254,9 +262,9 @@ def _render_restarts(summary: RunSummary, console: Any) -> None:
         for r in summary.restart_list:
             table.add_row(
                 str(r.index),
-                r.after,
+                Text(clean(r.after)),
                 _dur(r.downtime_seconds),
-                Text(r.cause),  # from the notes file: never markup
+                Text(clean(r.cause)),  # from the notes file: never markup, no control characters
                 "-" if r.time_to_detect_seconds is None else _dur(r.time_to_detect_seconds),
                 "-" if r.time_to_recover_seconds is None else _dur(r.time_to_recover_seconds),
             )
@@ -265,7 +273,10 @@ def _render_restarts(summary: RunSummary, console: Any) -> None:
     for note, restart in summary.remediations:
         if restart is None and last_begin is not None and note.t > last_begin:
             console.print(
-                Text(f"{_utc(note.t)} UTC {note.cause}; no incarnation has started since", style="yellow")
+                Text(
+                    clean(f"{_utc(note.t)} UTC {note.cause}; no incarnation has started since"),
+                    style="yellow",
+                )
             )
 
 
@@ -292,9 +303,8 @@ def render_png(summary: RunSummary, path: Path, *, now: float | None = None) -> 
         3, 1, figsize=(12, 7.5), sharex=True, gridspec_kw={"height_ratios": [1.3, 1, 1]}
     )
     try:
-        fig.suptitle(
-            f"{summary.run}: goodput {t.goodput:.1%} over {_dur(t.wall_seconds)}, {t.restarts} restart(s)"
-        )
+        run = _literal(summary.run)
+        fig.suptitle(f"{run}: goodput {t.goodput:.1%} over {_dur(t.wall_seconds)}, {t.restarts} restart(s)")
         for inc in summary.incarnations:
             ax_t.broken_barh(
                 [(x(inc.start), max((inc.end - inc.start) / scale, 1e-9))],
@@ -309,7 +319,7 @@ def render_png(summary: RunSummary, path: Path, *, now: float | None = None) -> 
             summary.accountant, now=now if summary.state != "ended" else None, live=summary.state == "running"
         )
         by_cause: dict[str, list[tuple[float, float]]] = {}
-        for sp in [*spans, *_stall_spans(summary)]:
+        for sp in [*spans, *_stall_spans(summary), *slow_spans(summary)]:
             by_cause.setdefault(sp.cause, []).append((x(sp.begin), (sp.end - sp.begin) / scale))
         order = ("startup", "downtime", "lost_progress", "hang", "other")
         for cause in sorted(by_cause, key=lambda c: order.index(c) if c in order else len(order)):
@@ -322,12 +332,14 @@ def render_png(summary: RunSummary, path: Path, *, now: float | None = None) -> 
         present = [c for c, v in t.badput_seconds.items() if v > 0]
         handles = [Patch(color=_INCARNATION_COLOR, label="incarnation")]
         handles += [
-            Patch(color=CAUSE_COLORS.get(c, "#000000"), label=f"{c} {_dur(t.badput_seconds[c])}")
+            Patch(color=CAUSE_COLORS.get(c, "#000000"), label=_literal(f"{c} {_dur(t.badput_seconds[c])}"))
             for c in present
         ]
         ax_t.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
         for begin, width in by_cause.get("hang", ()):  # the step that hung is marked, not plotted to scale
             ax_s.axvspan(begin, begin + width, color=CAUSE_COLORS["hang"], alpha=0.25, lw=0)
+        for begin, width in by_cause.get("slowdown", ()):  # where the steps were slow
+            ax_s.axvspan(begin, begin + width, color=CAUSE_COLORS["slowdown"], alpha=0.2, lw=0)
         any_mfu = False
         steps_seen: list[float] = []
         total_points = sum(len(inc.points) for inc in summary.timeline.incarnations) or 1
@@ -357,6 +369,12 @@ def render_png(summary: RunSummary, path: Path, *, now: float | None = None) -> 
         fig.savefig(path, dpi=100)
     finally:
         plt.close(fig)
+
+
+def _literal(text: str) -> str:
+    """``text`` from the ledger as matplotlib must show it: a ``$`` is a dollar, not mathtext (a run
+    named ``a$\\x$`` failed the whole PNG with a mathtext parse error)."""
+    return clean(text).replace("$", r"\$")
 
 
 def legend(summary: RunSummary) -> list[tuple[str, str]]:

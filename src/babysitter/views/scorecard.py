@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter.scorecard.compute import METRICS, MetricInfo, Scorecard
+from babysitter.terminal import clean
 
 __all__ = ["format_value", "render_png", "render_table"]
 
@@ -33,6 +34,15 @@ def _actions(card: Scorecard) -> list[str]:
     return sorted({a for c in card.clusters for a in c.xid_per_1000_gpu_hours_by_action})
 
 
+def _causes(card: Scorecard) -> list[str]:
+    """The slowdown causes any cluster has time in, the largest in total first."""
+    totals: dict[str, float] = {}
+    for c in card.clusters:
+        for cause, share in c.slowdown_by_cause.items():
+            totals[cause] = totals.get(cause, 0.0) + share
+    return [cause for cause, total in sorted(totals.items(), key=lambda kv: -kv[1]) if total > 0]
+
+
 def _rows(card: Scorecard) -> list[tuple[str, list[str], str | None]]:
     rows: list[tuple[str, list[str], str | None]] = []
     for info in METRICS:
@@ -49,6 +59,14 @@ def _rows(card: Scorecard) -> list[tuple[str, list[str], str | None]]:
                     for c in card.clusters
                 ]
                 rows.append((f"  Xid / 1000 GPU-h: {action}", cells, None))
+        if info.key == "slowdown_share":
+            for cause in _causes(card):
+                shares = [
+                    None if c.slowdown_share is None else c.slowdown_by_cause.get(cause, 0.0)
+                    for c in card.clusters
+                ]
+                cells = [format_value(share, "ratio") for share in shares]
+                rows.append((f"  slow steps: {cause}", cells, None))
     rows.append(
         ("GPU-hours seen by node agents", [format_value(c.gpu_hours, "count") for c in card.clusters], None)
     )
@@ -58,32 +76,39 @@ def _rows(card: Scorecard) -> list[tuple[str, list[str], str | None]]:
 
 def render_table(card: Scorecard, stream: Any = None) -> None:
     """Print the scorecard: clusters as columns, best first; the best value of each row in green."""
+    # Cluster names and Xid actions are label values from Prometheus: cleaned, and Text (not markup).
     names = [c.cluster for c in card.clusters]
-    title = f"babysitter scorecard by {card.by}, last {card.window} (ranked by effective MFU)"
+    title = clean(f"babysitter scorecard by {card.by}, last {card.window} (ranked by effective MFU)")
     try:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
     except ImportError:
         out = stream or sys.stdout
-        out.write(title + "\n" + "\t".join(["metric", *names]) + "\n")
+        out.write(title + "\n" + "\t".join(["metric", *map(clean, names)]) + "\n")
         for label, cells, _ in _rows(card):
-            out.write("\t".join([label, *cells]) + "\n")
+            out.write("\t".join(map(clean, [label, *cells])) + "\n")
         return
-    table = Table(title=title)
+    table = Table(title=Text(title))
     table.add_column("metric")
     for c in card.clusters:
-        table.add_column(f"#{c.rank} {c.cluster}", justify="right")
+        table.add_column(Text(clean(f"#{c.rank} {c.cluster}")), justify="right")
     for label, cells, best in _rows(card):
         styled = [
-            f"[bold green]{cell}[/]" if best == name and cell != "-" else cell
+            Text(cell, style="bold green" if best == name and cell != "-" else "")
             for name, cell in zip(names, cells, strict=True)
         ]
-        table.add_row(label, *styled)
+        table.add_row(Text(clean(label)), *styled)
     if card.mfu_match:
-        table.caption = f"MFU of runs matching {card.mfu_match}"
+        table.caption = Text(clean(f"MFU of runs matching {card.mfu_match}"))
     else:
         table.caption = "MFU over all runs: pass --mfu-match to compare one model config"
     Console(file=stream, width=max(100, 40 + 22 * len(names))).print(table)
+
+
+def _literal(text: str) -> str:
+    """A label value as matplotlib must show it: a ``$`` is a dollar, not mathtext."""
+    return clean(text).replace("$", r"\$")
 
 
 def render_png(card: Scorecard, path: Path) -> None:
@@ -102,7 +127,7 @@ def render_png(card: Scorecard, path: Path) -> None:
     cols = 3
     rows = (panels + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)
-    names = [f"#{c.rank} {c.cluster}" for c in card.clusters]
+    names = [_literal(f"#{c.rank} {c.cluster}") for c in card.clusters]
     colors = [plt.get_cmap("tab10")(i) for i in range(10)]
     flat = list(axes.flat)
     for ax, info in zip(flat, infos, strict=False):
@@ -129,7 +154,7 @@ def render_png(card: Scorecard, path: Path) -> None:
     bottom = [0.0] * len(card.clusters)
     for i, action in enumerate(_actions(card)):
         heights = [c.xid_per_1000_gpu_hours_by_action.get(action, 0.0) for c in card.clusters]
-        ax.bar(names, heights, bottom=bottom, label=action, color=colors[i % len(colors)])
+        ax.bar(names, heights, bottom=bottom, label=_literal(action), color=colors[i % len(colors)])
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.set_title("Xid errors / 1000 GPU-h by action\n(lower is better)", fontsize=9)
     if _actions(card):
@@ -137,7 +162,7 @@ def render_png(card: Scorecard, path: Path) -> None:
     ax.tick_params(axis="x", labelsize=8)
     for extra in flat[panels:]:
         extra.set_visible(False)
-    fig.suptitle(f"babysitter scorecard by {card.by}, last {card.window}", fontsize=11)
+    fig.suptitle(_literal(f"babysitter scorecard by {card.by}, last {card.window}"), fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -8,11 +8,12 @@ one pattern. Each alert's test runs promtool against the generated recording and
 quiet cases (before ``for:`` or below the threshold, often next to a healthy twin series) and a firing
 case with its exact labels and rendered annotations.
 
-One module per domain, like the catalog: ``training``, ``checkpoint``, ``integrity`` (silent
-corruption), ``node`` (storage probe, collectors, the agent and the trainers it fetches), ``gpu``,
-``remediation``, ``fabric`` (InfiniBand/RoCE ports, PCIe links and AER) and ``host`` (EDAC, CPU
-thermal, kernel-log trouble); ``_common`` holds the types and the fixtures their tests share.
-``_GROUPS`` fixes the order of the rule file.
+One module per domain, like the catalog: ``training``, ``slowdown`` (fail-slow time),
+``checkpoint``, ``integrity`` (silent corruption), ``node`` (storage probe, collectors, the agent and
+the trainers it fetches), ``gpu``, ``remediation``, ``fabric`` (InfiniBand/RoCE ports, PCIe links and
+AER), ``host`` (EDAC, CPU thermal, kernel-log trouble) and ``monitoring`` (the watchdog of a dead
+man's switch, the rule engine and Alertmanager failing); ``_common`` holds the types and the fixtures
+their tests share. ``_GROUPS`` fixes the order of the rule file.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from babysitter.generate.alerts._common import Alert, AlertTest
 from babysitter.generate.alerts.checkpoint import checkpoint_alerts
 from babysitter.generate.alerts.claims import claim_alerts
 from babysitter.generate.alerts.fabric import fabric_alerts
-from babysitter.generate.alerts.gpu import gpu_alerts
+from babysitter.generate.alerts.gpu import gpu_fatal_alerts, gpu_other_alerts
 from babysitter.generate.alerts.host import host_alerts
 from babysitter.generate.alerts.integrity import integrity_alerts
+from babysitter.generate.alerts.monitoring import monitoring_alerts
 from babysitter.generate.alerts.node import node_alerts, trainer_fetch_alerts
 from babysitter.generate.alerts.remediation import remediation_alerts
+from babysitter.generate.alerts.slowdown import slowdown_alerts
 from babysitter.generate.alerts.training import training_alerts
 from babysitter.generate.config import GenerateConfig
 from babysitter.generate.rules import Records
@@ -37,16 +40,23 @@ __all__ = ["Alert", "AlertTest", "alert_groups", "alerts", "test_file"]
 #: Rule groups in file order, each with the function that makes its alerts.
 _GROUPS: tuple[tuple[str, Callable[[GenerateConfig, Records], list[Alert]]], ...] = (
     ("babysitter-training.alerts", training_alerts),
+    ("babysitter-slowdown.alerts", slowdown_alerts),
     ("babysitter-checkpoint.alerts", checkpoint_alerts),
     ("babysitter-integrity.alerts", integrity_alerts),
     ("babysitter-node.alerts", node_alerts),
     ("babysitter-trainers.alerts", trainer_fetch_alerts),
     ("babysitter-claims.alerts", claim_alerts),
-    ("babysitter-gpu.alerts", gpu_alerts),
+    ("babysitter-gpu-fatal.alerts", gpu_fatal_alerts),
+    ("babysitter-gpu.alerts", gpu_other_alerts),
     ("babysitter-remediation.alerts", remediation_alerts),
     ("babysitter-fabric.alerts", fabric_alerts),
     ("babysitter-host.alerts", host_alerts),
+    ("babysitter-monitoring.alerts", monitoring_alerts),
 )
+
+
+#: Groups evaluated every ``fatal_eval_interval``: a GPU that failed hard pages within 30 s.
+_FAST_GROUPS = frozenset({"babysitter-gpu-fatal.alerts"})
 
 
 def alerts(cfg: GenerateConfig) -> list[Alert]:
@@ -61,13 +71,16 @@ def alerts(cfg: GenerateConfig) -> list[Alert]:
 
 def alert_groups(cfg: GenerateConfig) -> list[dict[str, object]]:
     """The ``groups`` of the alert rule file. A group with a paging (critical) alert is evaluated every
-    ``page_eval_interval``: Prometheus's default of 1 m alone would eat most of a minute's budget."""
+    ``page_eval_interval``: Prometheus's default of 1 m alone would eat most of a minute's budget; the
+    hard GPU faults' group every ``fatal_eval_interval``."""
     r = Records(cfg)
     groups: list[dict[str, object]] = []
     for name, make in _GROUPS:
         found = make(cfg, r)
         group: dict[str, object] = {"name": name}
-        if any(alert.severity == "critical" for alert in found):
+        if name in _FAST_GROUPS:
+            group["interval"] = cfg.fatal_eval_interval
+        elif any(alert.severity == "critical" for alert in found):
             group["interval"] = cfg.page_eval_interval
         group["rules"] = [alert.rule(cfg) for alert in found]
         groups.append(group)

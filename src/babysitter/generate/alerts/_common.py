@@ -11,7 +11,7 @@ from babysitter.catalog import MetricSpec
 from babysitter.catalog import node as N
 from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig, parse_duration
-from babysitter.generate.promql import eq
+from babysitter.generate.promql import eq, newest
 
 __all__ = ["Alert", "AlertTest", "Labels", "likely_text", "with_team"]
 
@@ -53,6 +53,8 @@ class Alert:
     test: AlertTest | None = field(default=None, compare=False)
     #: More annotations (name -> template), e.g. the culprit hosts ``babysitter remediate`` drains.
     annotations: Mapping[str, str] = field(default_factory=dict)
+    #: Fires always, by design (``Watchdog``, a dead man's switch's heartbeat): its test has no quiet case.
+    heartbeat: bool = False
 
     def rule(self, cfg: GenerateConfig) -> dict[str, object]:
         """The rule as it goes into the rule file."""
@@ -95,11 +97,22 @@ def likely_text(record: str, cluster_label: str) -> str:
     )
 
 
-def with_team(expr: str, run_key: tuple[str, ...], likely_team: str) -> str:
+def with_team(expr: str, run_key: tuple[str, ...], likely_team: str, alert: str = "") -> str:
     """``expr`` labeled with the run's ``team`` (routing: infra or training) from the likely-team rule;
-    unjoined when the rule has no series for the run (a rule that lags or fails never drops a page)."""
+    unjoined when the rule has no series for the run (a rule that lags or fails never drops a page).
+
+    With ``alert`` (the alert's own name), a run the alert already fires for keeps the team it was
+    paged with (its ``ALERTS`` series): a team is part of an alert's identity, so a likely cause that
+    changes during a hang would resolve the page and send a new one to the other team (the campaign
+    saw a stall paged twice, once resolved in the middle of the hang). While pending it follows the
+    likely team: the evidence of its ``for:`` decides whom it pages."""
     on_run = f"on ({', '.join(run_key)})"
-    return f"(\n{expr}\n)\n* {on_run} group_left (team)\n{likely_team}\nor {on_run}\n(\n{expr}\n)"
+    team = likely_team = newest(likely_team, run_key)
+    if alert:
+        firing = f'ALERTS{{alertname="{alert}", alertstate="firing", team!=""}}'
+        held = f"topk by ({', '.join(run_key)}) (1, max by ({', '.join((*run_key, 'team'))}) ({firing}))"
+        team = f"(\n{held}\nor {on_run}\n{likely_team}\n)"
+    return f"(\n{expr}\n)\n* {on_run} group_left (team)\n{team}\nor {on_run}\n(\n{expr}\n)"
 
 
 def _series(spec: MetricSpec, labels: Labels, suffix: str = "") -> str:

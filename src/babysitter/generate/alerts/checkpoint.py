@@ -190,7 +190,65 @@ def checkpoint_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
-    return [overdue, failing, slow, missing, checkpoint_corrupt_alert(cfg, r), _interval_off(cfg, r)]
+    return [
+        overdue,
+        failing,
+        slow,
+        missing,
+        checkpoint_corrupt_alert(cfg, r),
+        _check_failing(cfg),
+        _interval_off(cfg, r),
+    ]
+
+
+def _check_failing(cfg: GenerateConfig) -> Alert:
+    """The sentinel cannot finish a run's checks (its worker ran past its time or memory budget, died,
+    or could not take the owner's credentials). The value is how long since its last complete check."""
+    ns, c = cfg.node_selector, cfg.cluster_label
+    key = (c, "instance", "run", "reason")
+    limit = cfg.checkpoint_check_failing_seconds
+    node_r1 = _with(_node_labels(), run="r1")
+    return Alert(
+        name="CheckpointCheckFailing",
+        expr=f"max {by(key)} ({select(S.CHECKPOINT_CHECK_FAILING, ns)}) >= {limit}",
+        severity="warning",
+        component="checkpoint",
+        summary=f"The checkpoint sentinel on {_l('instance')} cannot check run {_l('run')}: {_l('reason')}.",
+        description=(
+            f"The checkpoint sentinel on {_l('instance')} (cluster {_l(c)}) has not finished checking run "
+            f"{_l('run')} for {_VD} ({_l('reason')}: its worker for that run directory did not answer "
+            "within --checkpoint-run-timeout, ran out of --checkpoint-run-memory, crashed, met an error, or "
+            "could not take the run owner's credentials). Other runs are checked as usual; this run's "
+            "checkpoint alerts show its last complete check, so a checkpoint deleted or corrupted since goes "
+            "unseen. The agent's log names the run directory and why."
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=(
+                # r1's worker times out from 5m on: the value counts up from its last complete check.
+                (_series(S.CHECKPOINT_CHECK_FAILING, _with(node_r1, reason="timeout")), "_x5 60+60x20"),
+                # r2 failed once, for one pass, and was checked again.
+                (
+                    _series(S.CHECKPOINT_CHECK_FAILING, _with(_node_labels(), run="r2", reason="crashed")),
+                    "_x5 30 _x15",
+                ),
+            ),
+            quiet=(("4m", "every run is checked"), ("13m", "failing for 9 minutes")),
+            fire_at="15m",
+            fire_labels=({"cluster": "c1", "instance": "n1:9400", "run": "r1", "reason": "timeout"},),
+            fire_text=(
+                (
+                    "The checkpoint sentinel on n1:9400 cannot check run r1: timeout.",
+                    "The checkpoint sentinel on n1:9400 (cluster c1) has not finished checking run r1 for "
+                    "11m 0s (timeout: its worker for that run directory did not answer within "
+                    "--checkpoint-run-timeout, ran out of --checkpoint-run-memory, crashed, met an error, or "
+                    "could not take the run owner's credentials). Other runs are checked as usual; this "
+                    "run's checkpoint alerts show its last complete check, so a checkpoint deleted or "
+                    "corrupted since goes unseen. The agent's log names the run directory and why.",
+                ),
+            ),
+        ),
+    )
 
 
 def _interval_off(cfg: GenerateConfig, r: Records) -> Alert:

@@ -19,7 +19,7 @@ from babysitter.generate.config import GenerateConfig
 from babysitter.generate.promql import by, eq, new_or_increased, regex, select
 from babysitter.generate.rules import Records
 
-__all__ = ["gpu_alerts"]
+__all__ = ["FATAL", "gpu_alerts", "gpu_fatal_alerts", "gpu_other_alerts"]
 
 
 def gpu_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
@@ -242,4 +242,19 @@ def gpu_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
-    return [xid_critical, xid_warning, down, ecc, pending, failed, throttled]
+    return [xid_critical, ecc, failed, xid_warning, down, pending, throttled]
+
+
+#: The alerts on a GPU that failed hard (a paging Xid, an uncorrectable ECC error, a failed row remap):
+#: their own rule group, evaluated every ``fatal_eval_interval``, so that they page within 30 s.
+FATAL = ("GpuXidCritical", "GpuEccUncorrectable", "GpuRowRemapFailed")
+
+
+def gpu_fatal_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
+    """The hard GPU faults' alerts (:data:`FATAL`), in their own group."""
+    return [a for a in gpu_alerts(cfg, r) if a.name in FATAL]
+
+
+def gpu_other_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
+    """The other GPU alerts (a warning-level Xid, a GPU down for a minute, throttling, pending remaps)."""
+    return [a for a in gpu_alerts(cfg, r) if a.name not in FATAL]

@@ -207,7 +207,9 @@ def node_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
     )
     rk = cfg.rack_label
     rack_key = by((c, rk))
-    node_up = f"up{{{cfg.node_up_selector}}}"
+    # Only series a rack's agent labelled: on a single Prometheus (no racks) a restart that leaves it a
+    # few seconds without fresh samples is no rack gone silent (the campaign's fast profile paged it).
+    node_up = f'up{{{cfg.node_up_selector}, {rk}!=""}}'
     rack_labels = {"cluster": "c1", rk: "r07", "instance": "n1:9400", "job": "babysitter-node"}
     rack_silent = Alert(
         name="RackMetricsMissing",
@@ -232,6 +234,8 @@ def node_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
                 (_up_series(rack_labels), "1+0x10"),
                 (_up_series(_with(rack_labels, instance="n2:9400")), "1+0x10"),
                 (_up_series(_with(rack_labels, **{rk: "r08"})), "1+0x30"),
+                # A host scraped by a single Prometheus (no rack label), silent from 10m: not a rack.
+                (_up_series({"cluster": "c1", "instance": "n9:9400", "job": "babysitter-node"}), "1+0x10"),
             ),
             quiet=(
                 ("10m", "metrics arrive"),

@@ -42,6 +42,8 @@ def _hung_run(run: str, *, stopped: str = "", behind: str = "") -> tuple[tuple[s
     for rank, host in hosts.items():
         labels = _with(_TRAIN, run=run, rank=rank, instance=host)
         culprit = rank in (stopped, behind)
+        # The agent serves every registration's rank as a number, a stopped one's too.
+        out.append((_series(N.TRAINER_RANK, labels), f"{rank}+0x60"))
         if rank == stopped:
             out += [*_stepping(labels, "0+60x20"), (_series(R.STALLED_SECONDS, labels), "0+0x20")]
             out.append((_series(R.COLLECTIVE_LAST_ENQUEUED, _with(labels, pg="0")), "0+62x19 1233"))
@@ -61,9 +63,44 @@ def _hung_run(run: str, *, stopped: str = "", behind: str = "") -> tuple[tuple[s
         )
         out.append((_series(N.TRAINER_SCRAPE_SUCCESS, labels), "1+0x60"))
         out.append((_series(T.INFO, labels), "1+0x60"))
+        if rank == "0":
+            out.append((_series(T.WORLD_SIZE, labels), "4+0x60"))
         if not culprit:
             stuck = _with(labels, pg="0", op="all_reduce", size="1024", last_completed="1233")
             out.append((_series(R.COLLECTIVE_STUCK, stuck), "_x21 1234+0x39"))
+    return tuple(out)
+
+
+def _stranger(
+    run: str,
+    *,
+    rank: str = "9",
+    since: int = 0,
+    stalled: str = "0+0x{n}",
+    stepping: str = "{t}+60x{n}",
+    enqueued: str = "",
+    world: str = "16",
+) -> tuple[tuple[str, str], ...]:
+    """Series a user on host n9 serves through its own node agent for another user's run (test
+    fixture): an endpoint registered as ``rank`` of ``run`` from minute ``since``, saying it steps
+    (``stalled``: its stall clock, 0 by default), declaring a world size of ``world``, and, with
+    ``enqueued``, the last collective it says it reached on group 0 (behind the others: a culprit)."""
+    labels = _with(_TRAIN, run=run, rank=rank, instance="n9:9400")
+    n, gap = 60 - since, "_x" + str(since) + " " if since else ""
+
+    def values(text: str) -> str:
+        return gap + text.format(n=n, t=since * 60)
+
+    out = [
+        *_stepping(labels, values(stepping)),
+        (_series(R.STALLED_SECONDS, labels), values(stalled)),
+        (_series(N.TRAINER_SCRAPE_SUCCESS, labels), values("1+0x{n}")),
+        (_series(N.TRAINER_RANK, labels), values(rank + "+0x{n}")),
+        (_series(T.INFO, labels), values("1+0x{n}")),
+        (_series(T.WORLD_SIZE, labels), values(world + "+0x{n}")),
+    ]
+    if enqueued:
+        out.append((_series(R.COLLECTIVE_LAST_ENQUEUED, _with(labels, pg="0")), values(enqueued)))
     return tuple(out)
 
 
@@ -72,28 +109,48 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
     run, on_run = by(r.run_key), f"on ({', '.join(r.run_key)})"
     stall_min = cfg.stall_min_seconds
     likely = likely_text(r.likely_cause, c)
-    culprit, culprit_short = culprit_text(r.collectives, c), culprit_short_text(r.collectives, c)
+    # A stall's summary names its culprit when the collectives do, else the likely cause: the likely
+    # cause reads the minutes before (a straggler, an Xid) and may be an earlier fault's, next to the
+    # right culprit (the campaign's "likely straggler on host h0; culprit rank 2 on host h2").
+    culprit, culprit_short = (
+        culprit_text(r.collectives, c),
+        culprit_short_text(r.collectives, c, otherwise=likely),
+    )
     remembered = f"max_over_time({r.last_step}[{cfg.stall_lookback_window}])"
-    not_answering = f"max {run} ({select(N.TRAINER_SCRAPE_SUCCESS, cfg.node_selector)} == 0)"
+    failing = f"{select(N.TRAINER_SCRAPE_SUCCESS, cfg.node_selector)} == 0"
+    not_answering = f"max {run} ({r.ranks.ignoring(failing, reason='undeclared')})"
+    stall_clock = r.ranks.counted(select(R.STALLED_SECONDS, ts), "max", r.rank_key)
+    stopped_culprit = (
+        " Culprit: rank 2 on host n7:9400 (GPU-7f3a9c21) stopped answering its node agent (a stopped or "
+        "hard-hung process) while ranks 0, 1, 3 wait in all_reduce #1234 of group 0."
+    )
+    behind_culprit = (
+        " Culprit: rank 2 on host n7:9400 never reached all_reduce #1234 of group 0; "
+        "ranks 0, 1, 3 wait in it."
+    )
+    behind_culprit_gpu = behind_culprit.replace("n7:9400 never", "n7:9400 (GPU-3e14) never")
     stalled = Alert(
         name="TrainingStalled",
         # Answering ranks report the tracker's own stall clock, which pauses during checkpoints and marked
         # phases (a 20-minute save is not a stall); the slowest-to-stall rank decides. A run whose ranks
         # no longer answer the node agent (stopped, hard hang) falls back to the age of its last step,
         # remembered after its series vanish; so does a tracker too old to export the stall clock. A run
-        # that finished unregistered itself and matches neither.
+        # that finished unregistered itself and matches neither. Only the ranks that speak for the run
+        # count (generate/ranks.py): a stranger's rank 9 stepping, or claiming a real rank, cannot stop
+        # the page; a contested rank counts with its longest stall clock.
         expr=with_team(
-            f"(\n  min {run} ({select(R.STALLED_SECONDS, ts)})\n  or {on_run}\n"
+            f"(\n  min {run} (\n{stall_clock}\n  )\n  or {on_run}\n"
             f"  (\n    time() - {remembered}\n    and {on_run}\n"
             f"    ({r.last_step} or {on_run} {not_answering})\n  )\n)\n> {on_run}\n"
             f"(\n  ({cfg.stall_step_factor:g} * {r.step_baseline} > {stall_min})\n  or {on_run}\n"
             f"  (0 * {remembered} + {stall_min})\n)",
             r.run_key,
             r.likely_team,
+            "TrainingStalled",
         ),
         severity="critical",
         component="training",
-        summary=f"Run {_l('run')} has not finished a step for {_VD}{likely}{culprit_short}.",
+        summary=f"Run {_l('run')} has not finished a step for {_VD}{culprit_short}.",
         description=(
             f"No rank of run {_l('run')} on cluster {_l(c)} finished a training step for {_VD}; the stall "
             f"threshold is max({stall_min}s, {cfg.stall_step_factor:g} x the run's mean step time over "
@@ -106,10 +163,11 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             series=(
                 # r1 hangs but its endpoint still answers; r2 keeps stepping.
                 *_stepping(_TRAIN, "0+60x20 1200+0x40"),
-                # r1's GPU threw an Xid 79 at 22m: the page names it and goes to infra.
+                # r1's GPU threw an Xid 79 at 19m, a minute before its hang: the page names it and goes
+                # to infra.
                 (_series(T.INFO, _with(_TRAIN, uuid=_GPU["uuid"], pci_bus_id=_GPU["pci_bus_id"])), "1+0x60"),
                 (_series(N.GPU_UP, _GPU), "1+0x60"),
-                (_series(N.GPU_XID_ERRORS, _with(_GPU, xid="79", action="reset_gpu")), "_x22 1+0x38"),
+                (_series(N.GPU_XID_ERRORS, _with(_GPU, xid="79", action="reset_gpu")), "_x19 1+0x41"),
                 *_stepping(_with(_TRAIN, run="r2"), "0+60x60"),
                 # r3 is stopped (SIGSTOP): its series vanish, the node agent's fetch of it fails.
                 *_stepping(_with(_TRAIN, run="r3"), "0+60x20"),
@@ -131,49 +189,120 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
                 # r8: rank 2 is alive but stuck outside any collective (its last one: #1233); the others
                 # wait in #1234 for it.
                 *_hung_run("r8", behind="2"),
+                # A user on host n9 serves a rank of each of the next runs through its own node agent
+                # (docs/security.md, "Across hosts"). r9 is r7, and the stranger's rank 9 (past the world
+                # size of 4 rank 0 declares) says it steps, stall clock 0: the page still fires, naming
+                # rank 2 on n7 alone. (Before, the run's smallest stall clock was the stranger's 0.)
+                *_hung_run("r9", stopped="2"),
+                *_stranger("r9"),
+                # r10 is r8, and the stranger's rank 9 hangs too and says it never reached #1234: never
+                # named (before, the page named n7 and n9, and remediate refused both: more than 1).
+                *_stranger(
+                    "r10",
+                    stalled="0+0x20 60+60x40",
+                    stepping="0+60x20 1200+0x40",
+                    enqueued="0+62x19 1233+0x40",
+                ),
+                *_hung_run("r10", behind="2"),
+                # r11 is r3 (one rank, stopped at 20m: its series vanish, its registration stays), and the
+                # stranger's rank 9 steps on. Rank 0's world size of 1 is remembered after it vanished.
+                *_stepping(_with(_TRAIN, run="r11"), "0+60x20"),
+                (_series(N.TRAINER_SCRAPE_SUCCESS, _with(_TRAIN, run="r11")), "1+0x20 0+0x40"),
+                (_series(N.TRAINER_RANK, _with(_TRAIN, run="r11")), "0+0x60"),
+                (_series(T.WORLD_SIZE, _with(_TRAIN, run="r11")), "1+0x20"),
+                *_stranger("r11"),
+                # r12 is r6 (two ranks hang, the tracker says so), and from 10m the stranger claims rank 0
+                # (contested: both hosts' agents serve it), with stall clock 0 and a world size of 1. A
+                # contested rank counts with its longest stall clock, and the world size with the one rank
+                # 0 declared alone: rank 1 still counts. (Before, the stranger's 0 was the run's.)
+                *_stepping(_with(_TRAIN, run="r12"), "0+60x20 1200+0x40"),
+                *(
+                    item
+                    for rank, clock in (("0", "0+0x20 60+60x40"), ("1", "0+0x20 30+60x40"))
+                    for item in (
+                        (_series(R.STALLED_SECONDS, _with(_TRAIN, run="r12", rank=rank)), clock),
+                        (_series(N.TRAINER_SCRAPE_SUCCESS, _with(_TRAIN, run="r12", rank=rank)), "1+0x60"),
+                        (_series(N.TRAINER_RANK, _with(_TRAIN, run="r12", rank=rank)), f"{rank}+0x60"),
+                    )
+                ),
+                (_series(T.WORLD_SIZE, _with(_TRAIN, run="r12")), "2+0x60"),
+                *_stranger("r12", rank="0", since=10, world="1"),
+                # r13: all four ranks wait in #1234 (no rank behind: the fault is elsewhere), and the
+                # stranger's rank 9 says it never reached it. Before, it was the culprit, on n9.
+                *_hung_run("r13"),
+                *_stranger(
+                    "r13",
+                    stalled="0+0x20 60+60x40",
+                    stepping="0+60x20 1200+0x40",
+                    enqueued="0+62x19 1233+0x40",
+                ),
+                # r14 is r8, and the behind rank's GPU (on n7) threw an Xid 79 at 19m: the likely cause
+                # is a GPU fault on n7, the culprit rank 2 on n7. The summary names the culprit alone (a
+                # likely cause reads the minutes before the stall: an earlier fault's, in a campaign).
+                *_hung_run("r14", behind="2"),
+                (
+                    _series(
+                        T.INFO,
+                        _with(
+                            _TRAIN,
+                            run="r14",
+                            rank="2",
+                            instance="n7:9400",
+                            uuid="GPU-3e14",
+                            pci_bus_id="0000:28:00",
+                        ),
+                    ),
+                    "1+0x60",
+                ),
+                (_series(N.GPU_UP, _with(_GPU, instance="n7:9400", uuid="GPU-3e14", gpu="1")), "1+0x60"),
+                (
+                    _series(
+                        N.GPU_XID_ERRORS,
+                        _with(_GPU, instance="n7:9400", uuid="GPU-3e14", gpu="1", xid="79", action="reboot"),
+                    ),
+                    "_x19 1+0x41",
+                ),
             ),
             quiet=(
-                ("23m", "3 min without a step is below the 4 min minimum"),
-                ("24m", "4 min is the minimum itself, not above it"),
+                ("20m", "every run stepped a minute ago"),
+                ("21m", "1 min without a step is the minimum itself, not above it"),
             ),
             # 27m: r4's last samples (20m) have left the 5 m lookback, so only the stalled runs remain.
             fire_at="27m",
             fire_labels=(
                 {**_run_labels("r1"), "team": "infra"},
-                *({**_run_labels(name), "team": "training"} for name in ("r3", "r6", "r7", "r8")),
+                *(
+                    {**_run_labels(name), "team": "training"}
+                    for name in ("r3", "r6", "r7", "r8", "r9", "r10", "r11", "r12", "r13")
+                ),
+                {**_run_labels("r14"), "team": "infra"},
             ),
             fire_text=tuple(
                 (
                     f"Run {run_name} has not finished a step for {age}{cause}{short}.",
                     f"No rank of run {run_name} on cluster c1 finished a training step for {age}; the stall "
-                    "threshold is max(240s, 10 x the run's mean step time over 1h). The job hangs "
+                    "threshold is max(60s, 6 x the run's mean step time over 1h). The job hangs "
                     f"(collective, data loader, storage) or is stopped.{named}",
                 )
                 for run_name, age, cause, short, named in (
                     ("r1", "7m 0s", ": likely gpu fault on host n1:9400", "", ""),
                     ("r3", "7m 0s", "", "", ""),
                     ("r6", "6m 30s", "", "", ""),
-                    (
-                        "r7",
-                        "7m 0s",
-                        "",
-                        "; culprit rank 2 on host n7:9400",
-                        " Culprit: rank 2 on host n7:9400 (GPU-7f3a9c21) stopped answering its node agent "
-                        "(a stopped or hard-hung process) while ranks 0, 1, 3 wait in all_reduce #1234 of "
-                        "group 0.",
-                    ),
-                    (
-                        "r8",
-                        "7m 0s",
-                        "",
-                        "; culprit rank 2 on host n7:9400",
-                        " Culprit: rank 2 on host n7:9400 never reached all_reduce #1234 of group 0; "
-                        "ranks 0, 1, 3 wait in it.",
-                    ),
+                    ("r7", "7m 0s", "", "; culprit rank 2 on host n7:9400", stopped_culprit),
+                    ("r8", "7m 0s", "", "; culprit rank 2 on host n7:9400", behind_culprit),
+                    ("r9", "7m 0s", "", "; culprit rank 2 on host n7:9400", stopped_culprit),
+                    ("r10", "7m 0s", "", "; culprit rank 2 on host n7:9400", behind_culprit),
+                    ("r11", "7m 0s", "", "", ""),
+                    ("r12", "6m 30s", "", "", ""),
+                    ("r13", "7m 0s", "", "", ""),
+                    ("r14", "7m 0s", "", "; culprit rank 2 on host n7:9400", behind_culprit_gpu),
                 )
             ),
-            # Where no rank is named the annotation is empty: babysitter remediate drains nothing.
-            fire_annotations=tuple({"culprit_hosts": hosts} for hosts in ("", "", "", "n7:9400", "n7:9400")),
+            # Where no rank is named the annotation is empty: babysitter remediate drains nothing. The
+            # stranger's host n9 is never named.
+            fire_annotations=tuple(
+                {"culprit_hosts": hosts} for hosts in ("", "", "", *("n7:9400",) * 4, "", "", "", "n7:9400")
+            ),
         ),
     )
     dropped = select(N.TRAINER_REGISTRATIONS_DROPPED, cfg.node_selector)
@@ -249,6 +378,7 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             f"\nand {on_run}\n{r.steps_rate} > 0",
             r.run_key,
             r.likely_team,
+            "TrainingMfuDrop",
         ),
         severity="warning",
         component="training",
@@ -324,7 +454,8 @@ def training_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             f"  and {on_run}\n  count {run} ({r.rank_step_mean}) >= 2\n)\n"
             # The in-process score compares each rank's own work time, which lockstep collectives
             # hide from step time; it exists only where the run turned the exchange on.
-            f"or\nmax {by((*r.run_key, 'rank'))} ({select(R.STRAGGLER_SCORE, ts)}) > {cfg.straggler_ratio:g}"
+            f"or\nmax {by((*r.run_key, 'rank'))} ({r.ranks.ignoring(select(R.STRAGGLER_SCORE, ts))})"
+            f" > {cfg.straggler_ratio:g}"
         ),
         severity="warning",
         component="training",

@@ -120,12 +120,18 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
         ),
         Panel(
             "Goodput",
-            (Target(f"max {run} ({s(G.GOODPUT)})", "{{run}}"),),
+            (
+                Target(f"max {run} ({s(G.GOODPUT)})", "{{run}} since the start"),
+                Target(
+                    f"max {by((*r.run_key, 'window'))} ({s(G.ROLLING_GOODPUT)})", "{{run}} last {{window}}"
+                ),
+            ),
             unit="percentunit",
             min=0,
             max=1,
             thresholds=goodput_steps(cfg),
-            description="Goodput since the run first started, continued across restarts.",
+            description="Goodput since the run first started, continued across restarts, and over the last "
+            "15 minutes (MLGM's rolling window, as babysitter report accounts it).",
         ),
         Panel(
             "Where the wall time goes",
@@ -161,6 +167,19 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             min=0,
             description=f"Rank 0's step-time quantiles over its last {T.STEP_QUANTILE_STEPS} steps (ranks "
             "step in lockstep; the Stragglers dashboard compares the ranks' means).",
+        ),
+        Panel(
+            "Step time vs ideal",
+            (
+                Target(rec(r.step_quantile(0.5), f), "{{run}} p50"),
+                Target(f"max {run} ({s(G.IDEAL_STEP)})", "{{run}} ideal"),
+                Target(f"max {run} ({s(G.STEP_DEVIATION)})", "{{run}} mean |step - ideal|"),
+            ),
+            unit="s",
+            min=0,
+            description="The run's ideal step time at its current work (healthy steps within median +- 3 "
+            "MAD) and MLGM's step-time deviation; a step beyond the ideal's tolerance books its extra "
+            "time as badput slowdown.",
         ),
         Panel(
             "Step time by rank",

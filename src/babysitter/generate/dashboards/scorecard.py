@@ -44,6 +44,21 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
 
     productive, badput = grown(r.productive_total), grown(r.badput_total)
     goodput = f"{productive} / ({productive} + {badput})"
+
+    def gpu_seconds(record: str) -> str:
+        # Each run's growth weighted by its ranks (one GPU each): GPU-seconds.
+        ranks = f"max_over_time({rec(r.slowdown.ranks, in_cluster)}[{rng}])"
+        on_run = f"on ({', '.join(r.run_key)}) group_left ()"
+        return f"sum {per} (increase({rec(record, in_cluster)}[{rng}])\n* {on_run}\n{ranks})"
+
+    gpu_wall = f"({gpu_seconds(r.productive_total)}\n+ {gpu_seconds(r.badput_total)})"
+    slow_share = f"{gpu_seconds(r.slowdown.slowdown_total)}\n/\n{gpu_wall}"
+    failure_share = f"{gpu_seconds(r.slowdown.failure_total)}\n/\n{gpu_wall}"
+    by_cause = rec(r.slowdown.gpu_rate_by_cause, in_cluster)
+    slow_by_cause = (
+        f"sum {by((c, 'slowdown_cause'))} (avg_over_time({by_cause}[{rng}]) * {range_s})"
+        f"\n/ on ({c}) group_left ()\n{gpu_wall}"
+    )
     rank_hours = f"(avg_over_time({rec(r.cluster_ranks, in_cluster)}[{rng}]) * {hours})"
     gpu_hours = f"(avg_over_time({rec(r.cluster_gpus, in_cluster)}[{rng}]) * {hours})"
     interruptions = f"1000 * {grown(r.restarts_total)} / {rank_hours}"
@@ -54,6 +69,7 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
     )
     bandwidth = f"{integral(r.checkpoint_bytes_rate)}\n/\n{integral(r.checkpoint_save_rate)}"
     storage_p99 = f"max {per} (quantile_over_time(0.99, {rec(r.storage_probe_p99, in_cluster)}[{rng}]))"
+    lost_steps = Steps("green", ((cfg.slowdown_share / 2, "orange"), (cfg.slowdown_share, "red")))
     columns = (
         ("Value #A", "MFU p50 of runs"),
         ("Value #B", "MFU p10 of runs"),
@@ -61,6 +77,8 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
         ("Value #D", "interruptions / 1000 rank-h"),
         ("Value #E", "ckpt save B/s per rank"),
         ("Value #F", "storage probe p99"),
+        ("Value #G", "GPU time lost to slow steps"),
+        ("Value #H", "GPU time lost to failures"),
         (c, "cluster"),
     )
     items: list[Panel | Row] = [
@@ -74,6 +92,8 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
                 Target(interruptions, mode="instant"),
                 Target(bandwidth, mode="instant"),
                 Target(storage_p99, mode="instant"),
+                Target(slow_share, mode="instant"),
+                Target(failure_share, mode="instant"),
             ),
             kind="table",
             width=24,
@@ -90,9 +110,13 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
                     "s",
                     Steps("green", ((cfg.storage_probe_slow_seconds, "red"),)),
                 ),
+                Column("GPU time lost to slow steps", "percentunit", lost_steps),
+                Column("GPU time lost to failures", "percentunit", lost_steps),
             ),
             description="One row per cluster. MFU: each run's median over the range, then p50 and p10 over "
-            "runs. Interruptions: restarts per 1000 rank-hours (a rank is about one GPU).",
+            "runs. Interruptions: restarts per 1000 rank-hours (a rank is about one GPU). GPU time lost: "
+            "the ledger's slowdown (steps beyond the ideal step time) and failures (downtime, lost "
+            "progress, startup, checkpoint loads, hangs), each run's weighted by its ranks.",
         ),
         Row("Efficiency"),
         Panel(
@@ -117,6 +141,32 @@ def dashboard(cfg: GenerateConfig) -> Dashboard:
             width=12,
             thresholds=goodput_steps(cfg),
             description="Productive time over wall time of all runs in the range.",
+        ),
+        Row("Slowness next to failures"),
+        Panel(
+            "GPU time lost: slow steps vs failures",
+            (
+                Target(slow_share, "{{" + c + "}} slow steps", mode="instant"),
+                Target(failure_share, "{{" + c + "}} failures", mode="instant"),
+            ),
+            kind="bargauge",
+            unit="percentunit",
+            min=0,
+            width=12,
+            thresholds=lost_steps,
+            description="Share of the runs' GPU time lost to steps slower than the run's ideal (fail-slow: "
+            "nothing failed) next to the share lost to failures and their restarts.",
+        ),
+        Panel(
+            "GPU time lost to slow steps, by likely cause",
+            (Target(slow_by_cause, "{{" + c + "}} {{slowdown_cause}}", mode="instant"),),
+            kind="bargauge",
+            unit="percentunit",
+            min=0,
+            width=12,
+            description="The slowdown by the cause the rule named while it was booked: a GPU throttling, "
+            "a PCIe link below its width, fabric errors on the culprit's host, a straggler rank with "
+            "none of these, or unknown. babysitter report RUN_DIR --prometheus URL names each episode.",
         ),
         Row("Reliability"),
         Panel(

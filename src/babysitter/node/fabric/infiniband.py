@@ -16,11 +16,22 @@ resets every counter: :class:`~babysitter.node.sysfs.Counters` keeps the exporte
 
 Which devices, ports and counter files exist is scanned again every ``rescan_seconds`` (and at the
 next scrape after a file vanished): at each scrape only the values are read, about 22 files per port.
+
+Bounded whatever the tree holds (:data:`~babysitter.catalog.budget.CAPS`): at most 64 RDMA devices and
+64 ports, 128 counter files per directory; the devices of SR-IOV virtual functions (their PCIe function
+has a ``physfn`` link) are skipped, as :mod:`~babysitter.node.fabric.pci` skips them: their physical
+function's ports are the host's, a virtual function's belong to whoever it is passed to. Only the
+links of the layout are followed (``class/infiniband/<device>`` and its ``device``, both resolved
+below the root); ``ports/<port>``, ``counters``, ``hw_counters`` and ``net/<interface>`` must be
+directories, not links. The info series' label values are served only when they are what the kernel
+writes: ``link_layer`` one of its three words, ``fw_ver`` a version of digits and dots (else ""
+and counted ``garbage``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -30,21 +41,36 @@ from prometheus_client.core import Metric
 
 from babysitter.catalog import fabric as F
 from babysitter.catalog._spec import MetricSpec
-from babysitter.labels import sanitize_value
+from babysitter.catalog.budget import CAPS
 from babysitter.node.sysfs import Counters, Rescan, Sample, SysfsReader, to_families
 
-__all__ = ["InfinibandCollector", "parse_rate", "parse_state"]
+__all__ = ["InfinibandCollector", "parse_firmware", "parse_link_layer", "parse_rate", "parse_state"]
 
 _DATA = (("port_rcv_data", "receive"), ("port_xmit_data", "transmit"))
 _PACKETS = (("port_rcv_packets", "receive"), ("port_xmit_packets", "transmit"))
 _OTHER_KNOWN = {"port_xmit_wait", *(n for n, _ in _DATA), *(n for n, _ in _PACKETS)}
+#: What drivers write in ``fw_ver`` (mlx5 ``28.39.1002``, bnxt_re and efa four numbers, irdma two).
+_FIRMWARE = re.compile(r"[0-9]{1,10}(?:\.[0-9]{1,10}){0,5}")
+#: What the kernel writes in ``link_layer`` (drivers/infiniband/core/sysfs.c).
+_LINK_LAYERS = frozenset(("InfiniBand", "Ethernet", "Unknown"))
+_PORT = re.compile(r"[0-9]{1,3}")
 
 
 def parse_state(text: str) -> int | None:
     """``4: ACTIVE`` -> 4; None when the text is not ``<number>: <name>``."""
     number, sep, _ = text.partition(":")
     number = number.strip()
-    return int(number) if sep and number.isdigit() and len(number) <= 3 else None
+    return int(number) if sep and number.isascii() and number.isdigit() and len(number) <= 3 else None
+
+
+def parse_firmware(text: str) -> str | None:
+    """``28.39.1002`` as it is; None for anything but numbers and dots (at most 6 of at most 10 digits)."""
+    return text if _FIRMWARE.fullmatch(text) else None
+
+
+def parse_link_layer(text: str) -> str | None:
+    """``InfiniBand``, ``Ethernet`` or ``Unknown`` as they are; None for anything else."""
+    return text if text in _LINK_LAYERS else None
 
 
 def parse_rate(text: str) -> float | None:
@@ -100,6 +126,7 @@ class InfinibandCollector:
         self._ports: list[_Port] = []
         self._counters = Counters("InfiniBand")
         self._lock = threading.Lock()
+        self._over = 0  # counter files beyond the cap in the scan under way
         self.scans = 0
 
     def close(self) -> None:
@@ -110,47 +137,88 @@ class InfinibandCollector:
     # --- discovery ----------------------------------------------------------------------------------
     def _scan(self) -> None:
         r = self._reader
-        ports: list[_Port] = []
+        devices: list[tuple[str, str, str | None]] = []  # (name, directory, its PCIe function)
         for device in r.listdir("class/infiniband"):
             top = r.resolve(f"class/infiniband/{device}")
             if top is None:
                 continue
             nic = r.resolve(f"{top}/device")
-            pci = os.path.basename(nic) if nic else ""
-            fw = sanitize_value(r.text(f"{top}/fw_ver", listed=False) or "")
-            netdevs = self._netdevs(nic) if nic else {}
+            if nic is not None and r.exists(f"{nic}/physfn"):
+                continue  # an SR-IOV virtual function: its physical function's ports are watched
+            devices.append((device, top, nic))
+        found: list[tuple[str, str, str, str | None, str]] = []  # (device, port, base, nic, fw)
+        for device, top, nic in r.bound("rdma_device", devices, CAPS.rdma_device):
+            if r.real(top, "ports") is None:
+                continue
+            fw = self._label(f"{top}/fw_ver", parse_firmware)
             for port in r.listdir(f"{top}/ports"):
-                if not port.isdigit():
-                    continue
-                base = f"{top}/ports/{port}"
-                interface = netdevs.get(port, "")
-                p = _Port(
-                    device=device,
-                    port=port,
-                    base=base,
-                    link_layer=sanitize_value(r.text(f"{base}/link_layer", listed=False) or ""),
-                    pci_address=pci,
-                    interface=interface,
-                    fw_version=fw,
-                    carrier=f"{nic}/net/{interface}/carrier_changes" if interface else "",
-                )
-                self._plan(p)
-                ports.append(p)
+                base = r.real(top, "ports", port) if _PORT.fullmatch(port) else None
+                if base is not None:
+                    found.append((device, port, base, nic, fw))
+        ports: list[_Port] = []
+        netdevs: dict[str, dict[str, str]] = {}
+        self._over = 0
+        for device, port, base, nic, fw in r.bound("port", found, CAPS.port):
+            if nic and nic not in netdevs:
+                netdevs[nic] = self._netdevs(nic)
+            interface = netdevs.get(nic or "", {}).get(port, "")
+            p = _Port(
+                device=device,
+                port=port,
+                base=base,
+                link_layer=self._label(f"{base}/link_layer", parse_link_layer),
+                pci_address=os.path.basename(nic) if nic else "",
+                interface=interface,
+                fw_version=fw,
+                carrier=f"{nic}/net/{interface}/carrier_changes" if interface else "",
+            )
+            self._plan(p)
+            ports.append(p)
+        r.dropped("counter", self._over, CAPS.counter)
         self._ports = ports
         self.scans += 1
 
+    def _label(self, path: str, parse: Callable[[str], str | None]) -> str:
+        """A label value read from ``path``: what ``parse`` vouches for, else "" (garbage, counted)."""
+        text = self._reader.text(path, listed=False)
+        if text is None:
+            return ""
+        value = parse(text)
+        if value is None:
+            self._reader.problem(path, "garbage", repr(text[:40]))
+            return ""
+        return value
+
     def _netdevs(self, nic: str) -> dict[str, str]:
         """port -> netdev of the NIC function (``net/<if>/dev_port`` counts from 0; absent means 1)."""
+        r = self._reader
         found: dict[str, str] = {}
-        for interface in self._reader.listdir(f"{nic}/net"):
-            dev_port = self._reader.text(f"{nic}/net/{interface}/dev_port", listed=False)
-            port = str(int(dev_port) + 1) if dev_port is not None and dev_port.isdigit() else "1"
+        if r.real(nic, "net") is None:
+            return found
+        for interface in r.listdir(f"{nic}/net")[: CAPS.port]:
+            if r.real(nic, "net", interface) is None:
+                continue
+            dev_port = r.text(f"{nic}/net/{interface}/dev_port", listed=False)
+            if dev_port is None:
+                port = "1"
+            elif _PORT.fullmatch(dev_port):
+                port = str(int(dev_port) + 1)
+            else:
+                r.problem(f"{nic}/net/{interface}/dev_port", "garbage", repr(dev_port[:40]))
+                continue
             found.setdefault(port, interface)
         return found
 
+    def _counter_files(self, base: str, directory: str) -> list[str]:
+        """The files of ``counters``/``hw_counters`` (not a link), at most CAPS.counter of them."""
+        if self._reader.real(base, directory) is None:
+            return []
+        names = self._reader.listdir(f"{base}/{directory}")
+        self._over += max(len(names) - CAPS.counter, 0)
+        return names[: CAPS.counter]
+
     def _plan(self, p: _Port) -> None:
-        r = self._reader
-        counters = set(r.listdir(f"{p.base}/counters"))
+        counters = set(self._counter_files(p.base, "counters"))
         for name in F.DEFAULT_PORT_ERRORS:
             if name in counters:
                 p.errors.append((name, f"{p.base}/counters/{name}"))
@@ -161,7 +229,7 @@ class InfinibandCollector:
             p.wait = f"{p.base}/counters/port_xmit_wait"
         p.data = [(d, f"{p.base}/counters/{n}") for n, d in _DATA if n in counters]
         p.packets = [(d, f"{p.base}/counters/{n}") for n, d in _PACKETS if n in counters]
-        hw = r.listdir(f"{p.base}/hw_counters")
+        hw = self._counter_files(p.base, "hw_counters")
         wanted = hw if self._all else [n for n in F.DEFAULT_HW_COUNTERS if n in hw]
         p.hw = [(n, f"{p.base}/hw_counters/{n}") for n in wanted if n != "lifespan"]
         port = (p.device, p.port)
@@ -197,7 +265,7 @@ class InfinibandCollector:
             if self._reader.vanished != vanished:
                 self._rescan.soon()  # a device went away (or is being recreated): look again next scrape
             families = to_families(samples)
-            families.append(self._reader.family())
+            families.extend(self._reader.families())
             self._reader.release_unread()
             return families
 

@@ -13,8 +13,11 @@ its NIC, in the vocabulary of ``nvidia-smi topo -m``:
 
 Kinds come from the PCI class code: ``0x0302`` (3D controller) and ``0x0300`` (VGA) of NVIDIA or AMD
 are GPUs (a BMC's VGA is not), ``0x0200`` (Ethernet) and ``0x0207`` (InfiniBand) are NICs, SR-IOV
-virtual functions (a ``physfn`` link) left out. Scanning lists and reads a few hundred files, so
-collectors keep the result and scan again every ``rescan_seconds`` (:class:`Inventory`).
+virtual functions (a ``physfn`` link) left out, of the NICs and of the RDMA devices alike. Scanning
+lists and reads a few hundred files, so collectors keep the result and scan again every
+``rescan_seconds`` (:class:`Inventory`). At most 64 devices and 64 RDMA ports
+(:data:`~babysitter.catalog.budget.CAPS`); more are shown in ``babysitter_sysfs_items_dropped``.
+A GPU's or NIC's files are read from where its ``bus/pci/devices`` link leads (below the root).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from babysitter.catalog.budget import CAPS
 from babysitter.node.sysfs import Rescan, SysfsReader
 
 __all__ = ["LINKS", "Inventory", "PciDevice", "RdmaPort", "nearest", "scan_pci", "scan_rdma"]
@@ -34,8 +38,8 @@ _HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
 #: Closeness of two PCIe devices, nearest first (nvidia-smi topo -m's names).
 LINKS = ("PIX", "PXB", "PHB", "NODE", "SYS")
 _GPU_VENDORS = (0x10DE, 0x1002)  # NVIDIA, AMD: a VGA-class device of another vendor is a BMC's display
-_MAX_DEVICES = 64
-_MAX_PORTS = 64
+_NUMA = re.compile(r"-?[0-9]{1,4}")
+_PORT = re.compile(r"[0-9]{1,3}")
 
 
 @dataclass(frozen=True)
@@ -66,22 +70,29 @@ class RdmaPort:
     pci: PciDevice | None  # the NIC function the device belongs to, when it is a PCIe device
 
 
-def _kind(reader: SysfsReader, base: str) -> tuple[str, int, int] | None:
-    klass = reader.integer(f"{base}/class", base=16)
-    vendor = reader.integer(f"{base}/vendor", base=16)
+def _kind(reader: SysfsReader, base: str) -> tuple[str, int] | None:
+    """(gpu or nic, vendor id) by the PCI class of the function at ``base``; None for anything else.
+    Read through the ``bus/pci/devices`` link (two bounded hex numbers: nothing served as it is), so
+    that only the few GPUs and NICs are resolved (a host has a hundred bridges and other functions)."""
+    klass = _id(reader, f"{base}/class", 0xFFFFFF)
+    vendor = _id(reader, f"{base}/vendor", 0xFFFF)
     if klass is None or vendor is None:
         return None
     sub = klass >> 8
     if sub == 0x0302 or (sub == 0x0300 and vendor in _GPU_VENDORS):
-        kind = "gpu"
-    elif sub in (0x0200, 0x0207):
-        if reader.exists(f"{base}/physfn"):
-            return None  # an SR-IOV virtual function: its physical function is watched
-        kind = "nic"
-    else:
+        return "gpu", vendor
+    if sub in (0x0200, 0x0207):
+        return "nic", vendor
+    return None
+
+
+def _id(reader: SysfsReader, path: str, most: int) -> int | None:
+    """A hex id (``0x10de``) no larger than ``most``: the pcie_device_info labels are written from it."""
+    value = reader.integer(path, base=16)
+    if value is not None and value > most:
+        reader.problem(path, "garbage", f"0x{value:x}"[:40])
         return None
-    device = reader.integer(f"{base}/device", base=16)
-    return kind, vendor, device or 0
+    return value
 
 
 def _chain(reader: SysfsReader, resolved: str) -> tuple[str, ...]:
@@ -92,20 +103,25 @@ def _chain(reader: SysfsReader, resolved: str) -> tuple[str, ...]:
 
 
 def scan_pci(reader: SysfsReader) -> list[PciDevice]:
-    """The GPUs and NICs under ``bus/pci/devices`` (at most 64), in address order."""
+    """The GPUs and NICs under ``bus/pci/devices`` (at most CAPS.pcie_device), in address order."""
     found: list[PciDevice] = []
+    more = 0
     for address in reader.listdir("bus/pci/devices"):
         if not BDF.match(address):
             continue
-        base = f"bus/pci/devices/{address}"
-        kind = _kind(reader, base)
+        kind = _kind(reader, f"bus/pci/devices/{address}")
         if kind is None:
             continue
-        resolved = reader.resolve(base)
-        if resolved is None:
+        resolved = reader.resolve(f"bus/pci/devices/{address}")
+        if resolved is None or os.path.basename(resolved) != address:
+            continue
+        if kind[0] == "nic" and reader.exists(f"{resolved}/physfn"):
+            continue  # an SR-IOV virtual function: its physical function is watched
+        if len(found) >= CAPS.pcie_device:
+            more += 1
             continue
         chain = _chain(reader, resolved)
-        numa = reader.text(f"{base}/numa_node", listed=False)
+        numa = reader.text(f"{resolved}/numa_node", listed=False)
         parent = chain[-2] if len(chain) >= 2 and BDF.match(chain[-2]) else ""
         found.append(
             PciDevice(
@@ -114,33 +130,35 @@ def scan_pci(reader: SysfsReader) -> list[PciDevice]:
                 path=resolved,
                 chain=chain,
                 vendor=kind[1],
-                device=kind[2],
-                numa_node=int(numa) if numa is not None and re.fullmatch(r"-?\d{1,4}", numa) else -1,
+                device=_id(reader, f"{resolved}/device", 0xFFFF) or 0,
+                numa_node=int(numa) if numa is not None and _NUMA.fullmatch(numa) else -1,
                 upstream=parent,
             )
         )
-        if len(found) >= _MAX_DEVICES:
-            break
+    reader.dropped("pcie_device", more, CAPS.pcie_device)
     return found
 
 
 def scan_rdma(reader: SysfsReader, devices: Sequence[PciDevice]) -> list[RdmaPort]:
-    """Every port of every device under ``class/infiniband`` (at most 64), with its PCIe function."""
+    """Every port of every device under ``class/infiniband`` (at most CAPS.port), with its PCIe
+    function; the devices of SR-IOV virtual functions left out."""
     by_path = {d.path: d for d in devices}
     ports: list[RdmaPort] = []
     for name in reader.listdir("class/infiniband"):
-        resolved = reader.resolve(f"class/infiniband/{name}/device")
+        top = reader.resolve(f"class/infiniband/{name}")
+        if top is None or reader.real(top, "ports") is None:
+            continue
+        resolved = reader.resolve(f"{top}/device")
         pci = by_path.get(resolved or "")
         if pci is None and resolved is not None and BDF.match(os.path.basename(resolved)):
+            if reader.exists(f"{resolved}/physfn"):
+                continue  # a virtual function's device: the physical function's are the host's
             chain = _chain(reader, resolved)
             address = os.path.basename(resolved)
             pci = PciDevice(address, "nic", resolved, chain, 0, 0, -1, "")
-        for port in reader.listdir(f"class/infiniband/{name}/ports"):
-            if port.isdigit():
-                ports.append(RdmaPort(name, port, pci))
-            if len(ports) >= _MAX_PORTS:
-                return ports
-    return ports
+        names = reader.listdir(f"{top}/ports")
+        ports.extend(RdmaPort(name, port, pci) for port in names if _PORT.fullmatch(port))
+    return list(reader.bound("port", ports, CAPS.port))
 
 
 def _link(a: PciDevice, b: PciDevice) -> tuple[int, int]:
@@ -172,7 +190,8 @@ def nearest(gpu: PciDevice, ports: Sequence[RdmaPort]) -> list[tuple[RdmaPort, s
 
 
 class Inventory:
-    """The PCIe devices and RDMA ports, scanned again every ``rescan_seconds`` (or when asked)."""
+    """The PCIe devices and RDMA ports (unless ``ports`` is off), scanned again every ``rescan_seconds``
+    (or when asked)."""
 
     def __init__(
         self,
@@ -180,8 +199,10 @@ class Inventory:
         *,
         rescan_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        ports: bool = True,
     ) -> None:
         self._reader = reader
+        self._want_ports = ports
         self._rescan = Rescan(rescan_seconds, clock)
         self.devices: list[PciDevice] = []
         self.ports: list[RdmaPort] = []
@@ -194,6 +215,7 @@ class Inventory:
         if not self._rescan.due():
             return False
         self.devices = scan_pci(self._reader)
-        self.ports = scan_rdma(self._reader, self.devices)
+        if self._want_ports:
+            self.ports = scan_rdma(self._reader, self.devices)
         self.scans += 1
         return True

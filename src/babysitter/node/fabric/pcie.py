@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 
 from babysitter.catalog import fabric as F
-from babysitter.labels import sanitize_value
 from babysitter.node.fabric.pci import BDF, Inventory, PciDevice
 from babysitter.node.sysfs import Counters, Sample, SysfsReader, to_families
 
 __all__ = ["PcieCollector", "parse_aer", "parse_speed"]
 
+_DRIVER = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a kernel module's name, as bus/pci/drivers/ lists it
 _SPEED = re.compile(r"^([0-9]+(?:\.[0-9]+)?) ?GT/s")
 _AER_FILES = {"correctable": "aer_dev_correctable", "nonfatal": "aer_dev_nonfatal", "fatal": "aer_dev_fatal"}
 _TOTALS = {"correctable": "TOTAL_ERR_COR", "nonfatal": "TOTAL_ERR_NONFATAL", "fatal": "TOTAL_ERR_FATAL"}
@@ -96,7 +96,7 @@ class PcieCollector:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._reader = SysfsReader(os.fspath(sysfs), self.name)
-        self._inventory = Inventory(self._reader, rescan_seconds=rescan_seconds, clock=clock)
+        self._inventory = Inventory(self._reader, rescan_seconds=rescan_seconds, clock=clock, ports=False)
         self._static: dict[str, _Static] = {}
         self._counters = Counters("PCIe AER")
         self._lock = threading.Lock()
@@ -122,11 +122,11 @@ class PcieCollector:
                     width = min(width, up_width)
                 if speed is not None and up_speed:
                     speed = min(speed, up_speed)
-            driver = r.resolve(f"{d.path}/driver")
+            driver = os.path.basename(r.resolve(f"{d.path}/driver") or "")
             info = (
                 f"0x{d.vendor:04x}",
                 f"0x{d.device:04x}",
-                sanitize_value(os.path.basename(driver)) if driver else "",
+                driver if _DRIVER.fullmatch(driver) else "",
                 str(d.numa_node),
                 d.upstream,
             )
@@ -168,7 +168,7 @@ class PcieCollector:
                     self._inventory.refresh(force=True)
                     self._prepare()
             families = to_families(samples)
-            families.append(self._reader.family())
+            families.extend(self._reader.families())
             self._reader.release_unread()
             return families
 

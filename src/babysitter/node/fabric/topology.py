@@ -119,5 +119,5 @@ class TopologyCollector:
                 if uuid:
                     samples.append((F.GPU_NIC, (uuid, bus, address, *rest), 1.0))
             families = to_families(samples)
-            families.append(self._reader.family())
+            families.extend(self._reader.families())
             return families

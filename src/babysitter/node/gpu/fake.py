@@ -377,10 +377,16 @@ class FakeGpu:
             self.pci_bus_id = f"00000000:{0x18 + 0x10 * self.index:02X}:00.0"
 
 
-def fake_gpus(count: int, name: str = "NVIDIA H100 80GB HBM3", **fields: Any) -> list[FakeGpu]:
-    """``count`` identical fake GPUs with distinct, stable UUIDs and PCI addresses."""
+def fake_gpus(
+    count: int, name: str = "NVIDIA H100 80GB HBM3", *, host: int = 0, **fields: Any
+) -> list[FakeGpu]:
+    """``count`` identical fake GPUs with distinct, stable UUIDs and PCI addresses. ``host`` numbers a
+    simulated host: UUIDs are globally unique, so each host's differ (host 0's are the original ones);
+    PCI addresses repeat from host to host, as on real ones."""
+    if not 0 <= host < 1 << 16:
+        raise ValueError(f"host must lie in 0..65535, got {host}")
     return [
-        FakeGpu(index=i, uuid=f"GPU-{i:08x}-fa4e-4bab-8e5d-{i:012x}", name=name, **fields)
+        FakeGpu(index=i, uuid=f"GPU-{i:08x}-fa4e-4bab-8e5d-{host:04x}{i:08x}", name=name, **fields)
         for i in range(count)
     ]
 

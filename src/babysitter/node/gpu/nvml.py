@@ -69,8 +69,10 @@ def load_pynvml() -> Nvml:
             warnings.simplefilter("ignore", FutureWarning)
             module = importlib.import_module("pynvml")
     except ImportError as exc:
+        from babysitter._install import pip_install_extra
+
         raise NvmlUnavailable(
-            "the pynvml module is missing: install nvidia-ml-py (pip install 'babysitter[nvml]')"
+            f"the pynvml module is missing: install nvidia-ml-py ({pip_install_extra('nvml')})"
         ) from exc
     if not hasattr(module, "nvmlDeviceGetHandleByIndex"):
         raise NvmlUnavailable(f"{module.__file__} is not nvidia-ml-py's pynvml")

@@ -5,10 +5,13 @@ code paths run against it. A ticker thread moves the GPUs through a plausible tr
 energy, temperature, utilization, tensor activity) and applies scenario events when they fall due.
 
 A scenario is a JSON file: ``{"events": [{"at": 5, "gpu": 3, "event": "xid", "xid": 79}, ...]}``
-(a bare list works too), ``at`` in seconds since the simulator started. Events:
+(a bare list works too), ``at`` in seconds since the simulator started, or, with ``"epoch": <Unix
+time>`` next to the events, since that time: several simulated hosts share one clock, and an agent
+restarted in the middle replays the events already past (their state, not their Xid events). Events:
 
 ``xid`` (``xid``: code) an NVML Xid event, plus a kernel-log line when ``kernel_log`` is set;
 ``lost`` the GPU stops answering (every NVML call raises ``NVMLError_GpuIsLost``); ``recover``;
+``replace`` (a new board in the slot: it answers, its error counters and row remaps start from zero);
 ``hang`` (``seconds``) every NVML call on the GPU blocks that long (0 ends it);
 ``throttle`` (``reasons``: list of reason labels of :data:`babysitter.node.gpu.collector.CLOCK_EVENT_REASONS`)
 and ``clear_throttle``; ``ecc`` (``type``: corrected|uncorrected, ``count``);
@@ -52,6 +55,7 @@ __all__ = [
     "load_scenario",
     "parse_scenario",
     "resolve_model",
+    "scenario_epoch",
 ]
 
 log = logging.getLogger(__name__)
@@ -97,6 +101,7 @@ EVENTS = frozenset(
         "xid48",
         "lost",
         "recover",
+        "replace",
         "hang",
         "throttle",
         "clear_throttle",
@@ -218,6 +223,28 @@ BUILTIN_SCENARIOS: dict[str, list[dict[str, Any]]] = {
 }
 
 
+def scenario_epoch(path: Path) -> float | None:
+    """The Unix time a scenario file's ``at`` counts from (its ``"epoch"``), None when it has none (``at``
+    counts from the simulator's start) or is a built-in name; ValueError when it is not a number."""
+    if str(path) in BUILTIN_SCENARIOS and not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"scenario {path}: {exc}") from exc
+    epoch = data.get("epoch") if isinstance(data, dict) else None
+    if epoch is None:
+        return None
+    if (
+        isinstance(epoch, bool)
+        or not isinstance(epoch, (int, float))
+        or not math.isfinite(epoch)
+        or epoch < 0
+    ):
+        raise ValueError(f"scenario {path}: 'epoch' must be a Unix time in seconds, got {epoch!r}")
+    return float(epoch)
+
+
 def load_scenario(path: Path, gpu_count: int) -> list[ScenarioEvent]:
     """Read and validate a scenario file (or a built-in name); ValueError naming it when wrong."""
     if str(path) in BUILTIN_SCENARIOS and not path.exists():
@@ -246,6 +273,8 @@ class Simulator:
         tick_seconds: float = 0.5,
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        host: int = 0,
+        epoch: float | None = None,
     ) -> None:
         if count < 1:
             raise ValueError(f"simulate at least one GPU, got {count}")
@@ -253,6 +282,7 @@ class Simulator:
         m = self.model
         gpus = F.fake_gpus(
             count,
+            host=host,
             name=m.name,
             memory_total=m.memory_bytes,
             power_limit_mw=int(m.power_limit_watts * 1000),
@@ -273,8 +303,14 @@ class Simulator:
         self._tick = tick_seconds
         self._rng = random.Random(seed)
         self._clock = clock
-        self._t0 = clock()
-        self._last = self._t0
+        self._last = self._t0 = clock()
+        if epoch is not None:
+            # ``at`` counts from a Unix time shared with whoever wrote the scenario: an agent restarted
+            # in the middle of it picks up where the GPUs are (events already past are replayed); one
+            # started before it waits for it (an event at 30 s fired 30 s after the agent's start,
+            # seconds early, when the agents started while the campaign's stack came up).
+            self._t0 -= time.time() - epoch
+        self._replay_until = self._clock() - self._t0 if epoch is not None else -1.0
         self._load = [(0.95, 0.45) for _ in gpus]  # (utilization, tensor active) per GPU
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -308,7 +344,7 @@ class Simulator:
         self._last = now
         while self._pending and self._pending[0].at <= elapsed:
             event = self._pending.pop(0)
-            self._apply(event)
+            self._apply(event, replay=event.at <= self._replay_until)
             self.applied.append(event)
         m = self.model
         for gpu, (util, tensor) in zip(self.nvml.gpus, self._load, strict=True):
@@ -333,14 +369,19 @@ class Simulator:
             gpu.memory_temperature_c = gpu.temperature_c + 8
             gpu.sm_clock_mhz = int(m.sm_clock_mhz * (THROTTLED_CLOCK if throttled else 1.0))
 
-    def _apply(self, event: ScenarioEvent) -> None:
+    def _apply(self, event: ScenarioEvent, *, replay: bool = False) -> None:
+        """Apply one event; ``replay`` (an event from before this simulator started, anchored
+        scenarios only) restores its state but raises no Xid: NVML delivers an event once, and its
+        kernel-log line is already in the log."""
         gpu = self.nvml.gpu(event.gpu)
         a = event.args
         kind = event.event
-        log.info("babysitter: simulator: GPU %d %s %s", event.gpu, kind, dict(a) if a else "")
+        extra = f" {dict(a)}" if a else ""
+        log.info("babysitter: simulator: GPU %d %s%s%s", event.gpu, kind, extra, " (replayed)" * replay)
         if kind in ("xid", "xid79", "xid48"):
             xid = {"xid79": 79, "xid48": 48}.get(kind, int(a.get("xid", 0)))
-            self._xid(event.gpu, xid)
+            if not replay:
+                self._xid(event.gpu, xid)
             if kind == "xid79":
                 gpu.lost = True
             elif kind == "xid48":
@@ -354,6 +395,14 @@ class Simulator:
         elif kind == "recover":
             gpu.lost = False
             gpu.delay_seconds = 0.0
+        elif kind == "replace":  # a new board in the slot: answering, nothing counted, nothing pending
+            gpu.lost = False
+            gpu.delay_seconds = 0.0
+            gpu.clock_event_reasons = 0
+            gpu.remapped_rows = (0, 0, 0, 0)
+            gpu.ecc.clear()
+            gpu.nvlink_errors.clear()
+            gpu.pcie_replays = 0
         elif kind == "hang":
             gpu.delay_seconds = float(a.get("seconds", 30.0))
         elif kind == "throttle":

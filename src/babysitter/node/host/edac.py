@@ -6,7 +6,9 @@ and uncorrectable ones (``ue_count``; the kernel usually panics or kills the pro
 the memory, and on a training node the job dies). Both are per memory controller, as
 node_exporter's edac collector reads them; the per-``csrow`` breakdown (which DIMM) is in the same
 directory for whoever replaces the DIMM. A host without an EDAC driver loaded has no
-``edac/mc`` (many cloud VMs): no series, which the docs say it cannot see.
+``edac/mc`` (many cloud VMs): no series, which the docs say it cannot see. At most 64 controllers,
+the lowest numbers (:data:`~babysitter.catalog.budget.CAPS`); more are shown in
+``babysitter_sysfs_items_dropped``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.core import Metric
 
 from babysitter.catalog import fabric as F
+from babysitter.catalog.budget import CAPS
 from babysitter.node.sysfs import Counters, Rescan, Sample, SysfsReader, to_families
 
 __all__ = ["EdacCollector"]
@@ -54,10 +57,15 @@ class EdacCollector:
         """Each memory controller's error counts."""
         with self._lock:
             if self._rescan.due():
-                self._controllers = [
-                    (m.group(1), self._reader.path(f"devices/system/edac/mc/{name}"))
+                found = sorted(
+                    (int(m.group(1)), name)
                     for name in self._reader.listdir("devices/system/edac/mc")
                     if (m := _MC.match(name))
+                )
+                self._controllers = [
+                    (str(number), path)
+                    for number, name in self._reader.bound("memory_controller", found, CAPS.memory_controller)
+                    if (path := self._reader.real("devices/system/edac/mc", name)) is not None
                 ]
             samples: list[Sample] = []
             r, c = self._reader, self._counters
@@ -69,6 +77,6 @@ class EdacCollector:
                         samples.append((spec, (number,), float(c.value((number, name), raw))))
             c.sweep()
             families = to_families(samples)
-            families.append(r.family())
+            families.extend(r.families())
             r.release_unread()
             return families

@@ -5,7 +5,9 @@ Intel CPUs count the times a core, and a whole package, went over their thermal 
 pipeline and the kernel launches of every rank on it. Series per package, not per logical CPU (a
 2 x 56-core host has 224): the core counts of a package summed, each physical core once (both
 hyperthreads of a core show the same count), and the package count read from one of its CPUs.
-Which CPU is which core comes from ``topology/`` and is read again every ``rescan_seconds``.
+Which CPU is which core comes from ``topology/`` and is read again every ``rescan_seconds``. At most
+1,024 CPUs (the lowest numbers) and 16 packages (:data:`~babysitter.catalog.budget.CAPS`); more are
+shown in ``babysitter_sysfs_items_dropped``. A package is named by the number its CPUs' files give.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from collections.abc import Callable, Iterable
 from prometheus_client.core import Metric
 
 from babysitter.catalog import fabric as F
+from babysitter.catalog.budget import CAPS
 from babysitter.node.sysfs import Counters, Rescan, Sample, SysfsReader, to_families
 
 __all__ = ["CpuThermalCollector"]
 
-_CPU = re.compile(r"^cpu(\d{1,5})$")
+_CPU = re.compile(r"^cpu([0-9]{1,5})$")
+_ID = re.compile(r"-?[0-9]{1,5}")
+_TOPOLOGY = ("physical_package_id", "core_id")
 
 
 class CpuThermalCollector:
@@ -52,22 +57,29 @@ class CpuThermalCollector:
 
     def _scan(self) -> None:
         r = self._reader
-        cores: dict[str, dict[str, str]] = {}
-        packages: dict[str, str] = {}
-        for name in r.listdir("devices/system/cpu"):
-            if not _CPU.match(name):
-                continue
-            base = r.path(f"devices/system/cpu/{name}")
-            if not r.exists(f"{base}/thermal_throttle/core_throttle_count"):
+        cores: dict[int, dict[str, str]] = {}
+        packages: dict[int, str] = {}
+        cpus = sorted((int(m.group(1)), n) for n in r.listdir("devices/system/cpu") if (m := _CPU.match(n)))
+        for _, name in r.bound("cpu", cpus, CAPS.cpu):
+            base = r.real("devices/system/cpu", name)
+            if base is None or r.real(base, "thermal_throttle") is None or r.real(base, "topology") is None:
                 continue  # offline, or a CPU without the counters (AMD)
-            package = r.text(f"{base}/topology/physical_package_id", listed=False)
-            core = r.text(f"{base}/topology/core_id", listed=False)
-            if package is None or core is None or not package.lstrip("-").isdigit():
+            if not r.exists(f"{base}/thermal_throttle/core_throttle_count"):
                 continue
-            cores.setdefault(package, {}).setdefault(core, f"{base}/thermal_throttle/core_throttle_count")
-            packages.setdefault(package, f"{base}/thermal_throttle/package_throttle_count")
-        self._cores = {p: list(c.values()) for p, c in sorted(cores.items())}
-        self._packages = dict(sorted(packages.items()))
+            ids = [(f"{base}/topology/{f}", r.text(f"{base}/topology/{f}", listed=False)) for f in _TOPOLOGY]
+            (_, package), (_, core) = ids
+            if package is None or core is None:
+                continue
+            bad = [(path, text) for path, text in ids if not _ID.fullmatch(text or "")]
+            if bad:
+                r.problem(bad[0][0], "garbage", repr((bad[0][1] or "")[:40]))
+                continue
+            throttles = f"{base}/thermal_throttle"
+            cores.setdefault(int(package), {}).setdefault(core, f"{throttles}/core_throttle_count")
+            packages.setdefault(int(package), f"{throttles}/package_throttle_count")
+        kept = r.bound("package", sorted(packages), CAPS.package)
+        self._cores = {str(p): list(cores[p].values()) for p in kept}
+        self._packages = {str(p): packages[p] for p in kept}
 
     def collect(self) -> Iterable[Metric]:
         """Throttle events per package."""
@@ -93,6 +105,6 @@ class CpuThermalCollector:
                     )
             c.sweep()
             families = to_families(samples)
-            families.append(r.family())
+            families.extend(r.families())
             r.release_unread()
             return families

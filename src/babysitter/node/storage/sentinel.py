@@ -10,8 +10,9 @@ sentinel reads the ledger's saves (:class:`babysitter.ledger.saves.SaveLog`), ta
 - **exists**: a file must exist and be at least ``nbytes`` long; a directory's regular files (walked
   without following symlinks) must sum to at least ``nbytes``. Larger is fine: frameworks and eval
   jobs add files to checkpoint directories after the save. Without a recorded ``nbytes`` only
-  existence is checked; a record without a path, or with a URL (``s3://...``), cannot be checked here
-  and is skipped (one log line). A checkpoint that fails this is *missing*.
+  existence is checked. A record without a path or with a URL (``s3://...``) cannot be checked here,
+  nor can a path outside the run directory (below): each is logged once and counted in
+  ``checkpoint_unchecked``. A checkpoint that fails this is *missing*.
 - **verifies** (where the tracker writes manifests, :mod:`babysitter.checkpoints`): its manifest is
   there (a save whose tracker promised one and whose process ended without committing it, or whose
   manifest thread found it incomplete, did not complete; one still being hashed gets
@@ -25,8 +26,15 @@ sentinel reads the ledger's saves (:class:`babysitter.ledger.saves.SaveLog`), ta
   followed by another) whose path is there: a framework resuming from "the newest directory" would
   pick it.
 
-Relative paths are taken relative to the run directory. The agent must see checkpoint paths where the
-trainer wrote them (same mount points).
+**With the run owner's rights, inside the run directory.** The agent runs as root and the ledger and
+manifests are written by users, so each run directory is checked by a worker process
+(:mod:`.workers`) holding the rights of the one user who controls the directory (:mod:`.owner`;
+``nobody`` when several users do), never root's for someone else's directory: what the sentinel reads,
+stats or lists is what that user could, and every verdict, detail, log line and metric carries no
+more than they could learn themselves. Checkpoint paths are taken relative to the run directory; an
+absolute path counts only where it lies inside it (old ledgers wrote absolute paths), and symbolic
+links are followed only while they stay inside (:mod:`.runcheck`). The agent must see the run
+directory where the trainer wrote it (same mount point, or absolute paths are refused).
 
 **Retention.** ``keep_last`` must not exceed how many checkpoints the training job keeps (Lightning's
 ``save_top_k``, HF's ``save_total_limit``): a checkpoint the job rotated away on purpose looks exactly
@@ -36,14 +44,25 @@ Exports ``checkpoint_missing{run}`` (how many of the checked ones are missing or
 ``checkpoint_missing_newest_step{run}`` (the newest of those, while there is one),
 ``checkpoint_corrupt{run}`` and ``checkpoint_corrupt_newest_step{run,file,reason}`` (the same for
 checkpoints that fail verification), ``checkpoint_newest_verified_age_seconds{run}``,
-``checkpoint_ledger_up{run}``, and the digest I/O it spends: ``checkpoint_verify_read_bytes_total``
-against its stated ``checkpoint_verify_budget_bytes`` per pass. ``run`` is the name in the ledger's
-first start record, or the directory's name when there is none. Each change of a verdict is also
-appended to the run directory's ``babysitter-verdicts.jsonl`` (:mod:`babysitter.checkpoints.verdicts`)
-for ``babysitter report`` and requeues.
+``checkpoint_ledger_up{run}``, ``checkpoint_unchecked{run}``, ``checkpoint_check_failing{run,reason}``
+while a run's checks cannot finish (below), and the digest I/O it spends:
+``checkpoint_verify_read_bytes_total`` against its stated ``checkpoint_verify_budget_bytes`` per pass.
+``run`` is the name in the ledger's first start record, or the directory's name when there is none.
+Each change of a verdict is also appended, by the worker as the run's user, to the run directory's
+``babysitter-verdicts.jsonl`` (:mod:`babysitter.checkpoints.verdicts`) for ``babysitter report`` and
+requeues.
 
-The file system work runs on a worker thread that ``collect()`` wakes when the last check is older
-than ``refresh_seconds``; ``collect()`` waits for it at most ``wait_seconds`` and otherwise serves the
+**One run's files cost that run.** Each pass asks every run's worker at once and waits for each at
+most ``run_timeout`` seconds (the worker stops its digest reads and directory walks at half of that,
+to answer in time); a worker that does not answer is killed, one that runs out of its ``run_memory``
+(``RLIMIT_AS``) or dies otherwise ends, and that run's checks are *failing*: its last complete check
+keeps being served, ``checkpoint_check_failing{run,reason}`` appears, and its worker is started
+again after one pass interval, then two, four... up to 15 minutes. Other runs are checked as if it
+were not there. ``babysitter_collector_success`` stays what it was: whether the collector as a whole
+works.
+
+The passes run on a thread that ``collect()`` wakes when the last check is older than
+``refresh_seconds``; ``collect()`` waits for it at most ``wait_seconds`` and otherwise serves the
 previous result, so a hung mount never hangs the agent's scrape.
 
 **Load on shared storage.** Each pass reads only the ledger bytes appended since the last one
@@ -51,37 +70,51 @@ previous result, so a hung mount never hangs the agent's scrape.
 its top-level entry changed or ``walk_seconds`` (300 s) passed: a deleted checkpoint (file or whole
 directory) is flagged at the next pass, a shard lost inside a directory within ``walk_seconds``.
 Digest reads stay within ``verify_bytes`` per pass (1 GiB by default: 34 MB/s at the default 30 s
-pass; 0 turns them off), or one 16 MiB chunk per few passes when the budget is smaller than that; an
-idle pass saves nothing up. One sentinel per run is enough; running it on every node of a job
-multiplies that load.
+pass; 0 turns them off), shared by the runs in their configured order (each run is granted what it
+asked for after its last pass, the first pass everything left), or one 16 MiB chunk per few passes when
+the budget is smaller than that; an idle pass saves nothing up. One sentinel per run is enough;
+running it on every node of a job multiplies that load.
 """
 
 from __future__ import annotations
 
-import errno
-import json
 import logging
+import math
 import os
-import stat
+import selectors
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TypeAlias
 
 from prometheus_client.core import Metric
 
 from babysitter.catalog import storage as S
 from babysitter.checkpoints.digest import CHUNK
-from babysitter.checkpoints.manifest import Manifest, manifest_path
-from babysitter.checkpoints.verdicts import Verdict, append_verdict
-from babysitter.checkpoints.verify import ChunkVerifier, Problem, check_sizes, check_structure, load_manifest
 from babysitter.labels import sanitize_value
-from babysitter.ledger import DEFAULT_FILE_NAME, CheckpointRecord
-from babysitter.ledger.reader import SAVE_KINDS
-from babysitter.ledger.records import SchemaError, decode
-from babysitter.ledger.saves import SaveLog, SaveRecord
+from babysitter.node.storage.owner import (
+    Identity,
+    Walk,
+    agent_identity,
+    decide,
+    identity_for,
+    nobody,
+    private_groups,
+)
+from babysitter.node.storage.runcheck import (
+    CheckpointCheck,
+    LedgerTail,
+    RunSettings,
+    _Record,
+    clean,
+    directory_size,
+    run_name,
+    verify,
+)
+from babysitter.node.storage.workers import Worker, WorkerDied, WorkerSpec
 
 __all__ = [
     "CheckpointCheck",
@@ -95,351 +128,117 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_MAX_WALK = 200_000  # files summed per checkpoint directory; beyond, only existence is checked
-_NAME_PROBE_BYTES = 1 << 20  # the run's name is in the ledger's first start record, near the top
-_TAIL_CHUNK = 16 << 20  # bytes of new ledger read at a time
-_MAX_CACHED_DIRS = 256
-
-
-class _Record(Protocol):
-    """What the sentinel needs of :class:`babysitter.ledger.CheckpointRecord`."""
-
-    @property
-    def step(self) -> int: ...
-    @property
-    def path(self) -> str | None: ...
-    @property
-    def nbytes(self) -> int | None: ...
-    @property
-    def time(self) -> float: ...
-
-
-@dataclass(frozen=True)
-class CheckpointCheck:
-    """The verdict on one checkpoint: ``missing`` is None when it could not be checked; ``corrupt`` is
-    None when it has no manifest to verify against (or was missing), else whether it fails, with the
-    ``reason`` and the ``file``."""
-
-    step: int
-    path: str
-    time: float
-    missing: bool | None
-    detail: str = ""
-    corrupt: bool | None = None
-    reason: str = ""
-    file: str = ""
-    #: The save promised a manifest that is not there yet (still being hashed): not verified yet.
-    pending: bool = False
-    mid: str = ""
-
-    @property
-    def verified(self) -> bool:
-        """It is there with its size and, where it has a manifest, matches it (so far)."""
-        return self.missing is False and self.corrupt is not True and not self.pending
+_BACKOFF_MAX = 900.0  # seconds between a failing run's worker restarts, at most
+_NOBODY_RETRY = 600.0  # seconds before a run found shared is tried as its owner again
+_MIN_MEMORY = 32 << 20
 
 
 @dataclass
 class RunCheck:
-    """The result of checking one run directory."""
+    """The result of checking one run directory. ``failure``: why its checks cannot finish now (one of
+    :data:`babysitter.catalog.storage.CHECK_FAILURE_REASONS`; then ``checks`` are the last complete
+    ones, ``failing_seconds`` since)."""
 
     run_dir: Path
     run: str
     ledger_ok: bool
     detail: str = ""
     checks: list[CheckpointCheck] = field(default_factory=list)
+    failure: str = ""
+    failure_detail: str = ""
+    failing_seconds: float = 0.0
+    complete: bool = True  # False: never checked completely yet (only the failure is known)
 
     def newest_verified(self) -> CheckpointCheck | None:
         verified = [c for c in self.checks if c.verified]
         return max(verified, key=lambda c: c.time) if verified else None
 
 
-def directory_size(path: Path, limit: int = _MAX_WALK) -> int | None:
-    """Sum of regular file sizes under ``path`` (symlinks not followed); None past ``limit`` files."""
-    total = 0
-    seen = 0
-    stack = [str(path)]
-    while stack:
-        with os.scandir(stack.pop()) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                elif entry.is_file(follow_symlinks=False):
-                    seen += 1
-                    if seen > limit:
-                        return None
-                    total += entry.stat(follow_symlinks=False).st_size
-    return total
+@dataclass(frozen=True)
+class _Gone:
+    """No run directory there (or not one to check): ``why``."""
+
+    why: str
 
 
-#: ``size(path, stat_result)`` of a checkpoint directory, None when too large to sum.
-DirectorySizer = Callable[[Path, os.stat_result], "int | None"]
-
-
-def verify(run_dir: Path, record: _Record, dir_size: DirectorySizer | None = None) -> CheckpointCheck:
-    """Check one ledger record's checkpoint on disk (see the module doc for the rules)."""
-    raw = record.path
-    if not raw:
-        return CheckpointCheck(record.step, "", record.time, None, "the ledger has no path for it")
-    if "://" in raw:
-        return CheckpointCheck(record.step, raw, record.time, None, "a URL, not a path on this host")
-    path = Path(raw) if os.path.isabs(raw) else run_dir / raw
-    try:
-        st = os.stat(path)
-        if stat.S_ISDIR(st.st_mode):
-            size = dir_size(path, st) if dir_size is not None else directory_size(path)
-        elif stat.S_ISREG(st.st_mode):
-            size = st.st_size
-        else:
-            return CheckpointCheck(record.step, raw, record.time, True, "neither a file nor a directory")
-    except (FileNotFoundError, NotADirectoryError):
-        return CheckpointCheck(record.step, raw, record.time, True, "does not exist")
-    except OSError as exc:  # permission, I/O, stale handle: cannot tell whether it is gone
-        return CheckpointCheck(record.step, raw, record.time, None, f"cannot check: {exc.strerror or exc}")
-    expected = record.nbytes
-    if expected is not None and size is not None and size < expected:
-        return CheckpointCheck(record.step, raw, record.time, True, f"{size} bytes, ledger says {expected}")
-    return CheckpointCheck(record.step, raw, record.time, False)
-
-
-def _ledger_path(run_dir: Path) -> Path:
-    return run_dir / DEFAULT_FILE_NAME
-
-
-class LedgerTail:
-    """The run's saves (:class:`~babysitter.ledger.saves.SaveLog`) for a ledger read again and again.
-
-    A month-long ledger is tens of MB and every node of a job may run a sentinel: re-reading it every
-    pass would be a steady read load on the shared file system. This reads only what was appended
-    since the last pass (complete lines; a torn last line waits for its newline, a line that is not
-    JSON is skipped, as the ledger reader does) and starts over when the file is replaced or
-    truncated. It keeps the newest save of at most ``max_steps`` steps.
-    """
-
-    def __init__(self, path: Path, *, max_steps: int = 4096) -> None:
-        self.path = path
-        self._max_steps = max_steps
-        self._ino: int | None = None
-        self._offset = 0
-        self._tail = b""  # the last bytes before _offset, to notice a file rewritten in place
-        self._log = SaveLog(max_steps=max_steps)
-
-    def read(self) -> list[CheckpointRecord]:
-        """Completed saves, oldest first; FileNotFoundError when there is no ledger."""
-        return [
-            CheckpointRecord(step=s.step, path=s.path, nbytes=s.nbytes, time=s.time)
-            for s in self.saves()
-            if s.state == "completed"
-        ]
-
-    def saves(self, *, now: float | None = None, abort_after: float | None = None) -> list[SaveRecord]:
-        """Completed and aborted saves, oldest first; FileNotFoundError when there is no ledger."""
-        with self.path.open("rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(errno.EINVAL, "the ledger is not a regular file", str(self.path))
-            # Replaced (new inode), truncated, or deleted and recreated on a reused inode (the bytes
-            # before our offset changed): read it from the start.
-            if (
-                st.st_ino != self._ino
-                or st.st_size < self._offset
-                or os.pread(fh.fileno(), len(self._tail), self._offset - len(self._tail)) != self._tail
-            ):
-                self._ino, self._offset, self._tail = st.st_ino, 0, b""
-                self._log = SaveLog(max_steps=self._max_steps)
-            fh.seek(self._offset)
-            while True:
-                data = fh.read(_TAIL_CHUNK)
-                end = data.rfind(b"\n")
-                if end < 0:
-                    break
-                self._offset += end + 1
-                self._tail = (self._tail + data[: end + 1])[-64:]
-                self._parse(data[: end + 1])
-                fh.seek(self._offset)
-                if len(data) < _TAIL_CHUNK:
-                    break
-        return self._log.saves(now=now, abort_after=abort_after)
-
-    def _parse(self, data: bytes) -> None:
-        for line in data.split(b"\n"):
-            if not any(kind in line for kind in SAVE_KINDS):
-                continue
-            try:
-                self._log.add(decode(json.loads(line)))
-            except (ValueError, SchemaError):
-                continue
-
-
-class _SizeCache:
-    """Directory sizes, walked again only when the top directory changed or ``walk_seconds`` passed.
-
-    A sharded checkpoint has thousands of files; walking each of the last K every pass, on every
-    node, is a metadata storm on Lustre/NFS. Deleting the whole directory is still seen at once (the
-    top-level stat fails); a shard lost deep inside is seen within ``walk_seconds``.
-    """
-
-    def __init__(self, walk_seconds: float) -> None:
-        self.walk_seconds = walk_seconds
-        self.walks = 0
-        self._cache: dict[Path, tuple[int, int, float, int | None]] = {}
-
-    def size(self, path: Path, st: os.stat_result) -> int | None:
-        now = time.monotonic()
-        cached = self._cache.get(path)
-        if cached is not None:
-            ino, mtime, walked, size = cached
-            if ino == st.st_ino and mtime == st.st_mtime_ns and now - walked < self.walk_seconds:
-                return size
-        size = directory_size(path)
-        self.walks += 1
-        self._cache[path] = (st.st_ino, st.st_mtime_ns, now, size)
-        if len(self._cache) > _MAX_CACHED_DIRS:  # checkpoints that left the last K: forget the oldest
-            del self._cache[min(self._cache, key=lambda p: self._cache[p][2])]
-        return size
-
-
-def run_name(run_dir: Path) -> str | None:
-    """The run's name from the ledger's first start record; None when there is none (yet)."""
-    try:
-        with _ledger_path(run_dir).open("rb") as fh:
-            head = fh.read(_NAME_PROBE_BYTES)
-    except OSError:
-        return None
-    for line in head.split(b"\n"):
-        if b'"k":"start"' not in line.replace(b" ", b""):
-            continue
-        try:
-            name = json.loads(line).get("run")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(name, str) and name:
-            return name
-    return None
-
-
-_UNCHECKED = Problem("", "", "")
+_Outcome: TypeAlias = "dict[str, object] | WorkerDied | _Gone"
 
 
 @dataclass
-class _Manifested:
-    """What the sentinel knows of one checkpoint's manifest across passes."""
+class _Run:
+    """The agent's side of one run directory."""
 
-    key: tuple[int, int, int]  # the manifest file's inode, mtime and size: a new one starts over
-    manifest: Manifest | None
-    mid: str
-    problem: Problem | None  # the manifest itself is unreadable
-    verifier: ChunkVerifier | None
-    sizes_at: float | None = None
-    size_problem: Problem | None = None
-    structure: Problem | None = _UNCHECKED
-    digest_problem: Problem | None = None
-    swept_at: float | None = None
+    path: Path
+    fallback: str
+    worker: Worker | None = None
+    name: str | None = None
+    last: RunCheck | None = None
+    failures: int = 0
+    retry_at: float = 0.0
+    failure: str = ""
+    failure_detail: str = ""
+    checked_at: float = field(default_factory=time.monotonic)
+    demand: int | None = None
+    walks: int = 0
+    said: tuple[str, str] = ("", "")  # the identity last logged
+    respawn_at: float = 0.0  # a worker running as nobody is replaced then (its owner may be alone now)
+    nobody_why: str = ""  # a worker found someone besides the owner in control: nobody until...
+    nobody_until: float = 0.0
+    stuck: list[Worker] = field(default_factory=list)
+    notes: set[str] = field(default_factory=set)
 
 
-class _Verifications:
-    """Manifest checks of the checkpoints being watched, and the digest budget they share."""
+class _Workers:
+    """Every worker process of one sentinel not reaped yet, so that they all end with it (``close()`` or
+    garbage)."""
 
-    def __init__(
-        self, *, verify_bytes: int, reverify_seconds: float, walk_seconds: float, drop_cache: bool
-    ) -> None:
-        self.budget = verify_bytes
-        self.reverify_seconds = reverify_seconds
-        self.walk_seconds = walk_seconds
-        self.drop_cache = drop_cache
+    def __init__(self) -> None:
+        self.live: set[Worker] = set()
+
+    def shutdown(self, grace: float = 0.5) -> None:
+        workers, self.live = list(self.live), set()
+        for worker in workers:
+            worker.close()  # an idle worker exits on the end of its stream
+        deadline = time.monotonic() + grace
+        for worker in workers:
+            if worker.reap(wait=max(0.0, deadline - time.monotonic())) is None:
+                worker.kill()
+        for worker in workers:
+            worker.reap(wait=0.5)
+
+
+class _Budget:
+    """The digest bytes a pass may read, shared by the runs."""
+
+    def __init__(self, per_pass: int) -> None:
+        self.budget = per_pass
         self.read_bytes = 0
         self._credit = 0
-        self._states: dict[Path, _Manifested] = {}
-        self._seen: set[Path] = set()
-        self._starved = False
 
-    def begin_pass(self) -> None:
-        # Budget a pass could not spend (its next chunk did not fit) carries over up to one chunk, so a
-        # chunk larger than the budget still gets read, and no pass reads more than max(budget, chunk).
+    def begin_pass(self) -> int:
+        # Budget a pass could not spend (a run's next chunk did not fit) carries over up to one chunk, so
+        # a chunk larger than the budget still gets read, and no pass reads more than max(budget, chunk).
         self._credit = min(self._credit + self.budget, max(self.budget, CHUNK)) if self.budget > 0 else 0
-        self._seen = set()
-        self._starved = False
+        return self._credit
 
-    def end_pass(self) -> None:
-        if not self._starved:
-            self._credit = 0  # nothing was left to read: idle passes save up nothing
-        for path in [p for p in self._states if p not in self._seen]:
-            del self._states[path]  # left the last K: forget it (bounded memory)
-
-    def _state(self, path: Path) -> _Manifested | None:
-        try:
-            st = os.stat(manifest_path(path))
-        except FileNotFoundError:
-            return None
-        key = (st.st_ino, st.st_mtime_ns, st.st_size)
-        state = self._states.get(path)
-        if state is None or state.key != key:
-            manifest, mid, problem = load_manifest(path)
-            verifier = None
-            if manifest is not None:
-                verifier = ChunkVerifier(path, manifest, seed=mid, drop_cache=self.drop_cache)
-            state = _Manifested(key, manifest, mid, problem, verifier)
-            self._states[path] = state
-        return state
-
-    def check(self, path: Path, *, newest: bool) -> _Manifested | None:
-        """The checkpoint's manifest state after this pass's checks; None when it has no manifest."""
-        self._seen.add(path)
-        state = self._state(path)
-        if state is None or state.manifest is None or state.verifier is None:
-            return state
-        now = time.monotonic()
-        if newest or state.sizes_at is None or now - state.sizes_at >= self.walk_seconds:
-            state.size_problem = check_sizes(path, state.manifest)
-            state.sizes_at = now
-            if state.size_problem is not None:
-                state.structure = _UNCHECKED  # the files changed: look at their headers again
-        if state.size_problem is not None:
-            return state
-        if state.structure is _UNCHECKED:
-            state.structure = check_structure(path, state.manifest)
-        if state.structure is not None:
-            return state
-        verifier = state.verifier
-        if verifier.next_length() is None:
-            if state.swept_at is not None and now - state.swept_at >= self.reverify_seconds:
-                verifier.restart()
-                state.swept_at = None
-            else:
-                return state
-        problem, used = verifier.verify(self._credit)
-        self._credit -= used
+    def end_pass(self, used: int, starved: bool) -> None:
+        self._credit = max(0, self._credit - used)
         self.read_bytes += used
-        self._starved = self._starved or (problem is None and verifier.next_length() is not None)
-        if problem is not None or used:  # a bad chunk stays bad until it was read again
-            state.digest_problem = problem
-        if verifier.next_length() is None and state.digest_problem is None:
-            state.swept_at = now
-        return state
-
-
-def _newest_per_path(saves: Iterable[SaveRecord]) -> list[SaveRecord]:
-    """Oldest first, each path's newest save only: a save overwritten in place (``latest.pt``) by a
-    later one is gone on purpose, not missing, and its manifest is the later save's."""
-    by_path: dict[str, SaveRecord] = {}
-    for save in sorted(saves, key=lambda r: r.time):
-        by_path[save.path or f"\x00step {save.step}"] = save
-    return sorted(by_path.values(), key=lambda r: r.time)
-
-
-def _problem_of(state: _Manifested) -> Problem | None:
-    structure = None if state.structure is _UNCHECKED else state.structure
-    return state.problem or state.size_problem or structure or state.digest_problem
+        if not starved:
+            self._credit = 0  # nothing was left to read: idle passes save up nothing
 
 
 class CheckpointSentinelCollector:
     """The ``sentinel`` collector: verifies the last ``keep_last`` checkpoints of each run directory.
 
-    ``read_ledger`` replaces the ledger's saves (for tests and other manifest formats); ``clock`` is
-    wall time (ledger times are Unix seconds). ``verify_bytes``: digest bytes read per pass (0: sizes
-    and structure only); ``reverify_seconds``: how often a verified checkpoint's digests are swept
-    again; ``manifest_grace``: how long a promised manifest may take; ``abort_after``: how long a save
-    may stay under way before it counts as aborted; ``verdicts``: append changed verdicts to the run
-    directory's ``babysitter-verdicts.jsonl``.
+    ``read_ledger`` replaces the ledger's saves (for tests and other manifest formats; it runs in the
+    run's worker); ``clock`` is wall time (ledger times are Unix seconds). ``verify_bytes``: digest bytes
+    read per pass (0: sizes and structure only); ``reverify_seconds``: how often a verified
+    checkpoint's digests are swept again; ``manifest_grace``: how long a promised manifest may take;
+    ``abort_after``: how long a save may stay under way before it counts as aborted; ``verdicts``:
+    append changed verdicts to the run directory's ``babysitter-verdicts.jsonl``; ``run_timeout``: how
+    long a pass waits for one run's worker; ``run_memory``: bytes a worker may allocate beyond its size
+    at start.
     """
 
     name = "sentinel"
@@ -458,6 +257,8 @@ class CheckpointSentinelCollector:
         abort_after: float = 3600.0,
         verdicts: bool = True,
         drop_cache: bool = True,
+        run_timeout: float = 60.0,
+        run_memory: int = 512 << 20,
         read_ledger: Callable[[Path], Sequence[_Record]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -469,29 +270,37 @@ class CheckpointSentinelCollector:
             raise ValueError(f"verify_bytes must be an int >= 0, got {verify_bytes!r}")
         if not reverify_seconds >= 0 or not manifest_grace >= 0 or not abort_after > 0:
             raise ValueError("reverify_seconds and manifest_grace must be >= 0, abort_after > 0")
-        self.run_dirs = list(dict.fromkeys(Path(p) for p in run_dirs))
-        if not self.run_dirs:
+        if not (math.isfinite(run_timeout) and run_timeout > 0):
+            raise ValueError(f"run_timeout must be a positive number of seconds, got {run_timeout!r}")
+        if isinstance(run_memory, bool) or not isinstance(run_memory, int) or run_memory < _MIN_MEMORY:
+            raise ValueError(f"run_memory must be an int of at least {_MIN_MEMORY} bytes, got {run_memory!r}")
+        paths = list(dict.fromkeys(Path(os.path.abspath(p)) for p in run_dirs))
+        if not paths:
             raise ValueError("the checkpoint sentinel needs at least one run directory")
+        self.run_dirs = paths
         self.keep_last = keep_last
         self._refresh = float(refresh_seconds)
         self._wait = float(wait_seconds)
+        self.run_timeout = float(run_timeout)
+        self.run_memory = run_memory
         self._read = read_ledger
-        self._tails = {d: LedgerTail(_ledger_path(d)) for d in self.run_dirs}
-        self.sizes = _SizeCache(float(walk_seconds))
-        self.verifications = _Verifications(
-            verify_bytes=verify_bytes,
-            reverify_seconds=float(reverify_seconds),
+        self.settings = RunSettings(
+            keep_last=keep_last,
             walk_seconds=float(walk_seconds),
+            reverify_seconds=float(reverify_seconds),
+            manifest_grace=float(manifest_grace),
+            abort_after=float(abort_after),
+            refresh_seconds=float(refresh_seconds),
+            verdicts=verdicts,
             drop_cache=drop_cache,
         )
-        self.manifest_grace = float(manifest_grace)
-        self.abort_after = float(abort_after)
-        self._verdicts = verdicts
-        self._verdicts_written: dict[tuple[Path, int], tuple[object, ...]] = {}
-        self._verdicts_failed: set[Path] = set()
+        self.budget = _Budget(verify_bytes)
+        self._runs = [_Run(p, sanitize_value(p.name) or "run") for p in paths]
+        self._workers = _Workers()
+        self._finalizer = weakref.finalize(self, self._workers.shutdown)
         self._clock = clock
-        self._names: dict[Path, str] = {}
         self._lock = threading.Lock()
+        self._pass_lock = threading.Lock()
         self._results: list[RunCheck] = []
         self._checked_at: float | None = None
         self._busy = False
@@ -511,8 +320,17 @@ class CheckpointSentinelCollector:
                 reverify_seconds / 3600,
             )
 
+    @property
+    def walks(self) -> int:
+        """Directory walks the current workers made (their size caches at work)."""
+        return sum(run.walks for run in self._runs)
+
+    def worker_pids(self) -> list[int]:
+        """The pids of the live workers, in run order (for tests and benchmarks)."""
+        return [run.worker.pid for run in self._runs if run.worker is not None]
+
     def start(self) -> None:
-        """Start the worker thread (idempotent; ``collect()`` calls it)."""
+        """Start the pass thread (idempotent; ``collect()`` calls it)."""
         with self._lock:
             if self._thread is not None:
                 return
@@ -526,6 +344,7 @@ class CheckpointSentinelCollector:
         self._kick.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
+        self._finalizer()  # ends every worker, once
 
     def collect(self) -> Iterable[Metric]:
         self.start()
@@ -546,17 +365,26 @@ class CheckpointSentinelCollector:
         corrupt_step = S.CHECKPOINT_CORRUPT_STEP.family()
         age = S.CHECKPOINT_NEWEST_VERIFIED_AGE.family()
         ledger_up = S.CHECKPOINT_LEDGER_UP.family()
+        unchecked = S.CHECKPOINT_UNCHECKED.family()
+        failing = S.CHECKPOINT_CHECK_FAILING.family()
         read = S.CHECKPOINT_VERIFY_READ.family()
         budget = S.CHECKPOINT_VERIFY_BUDGET.family()
         wall = self._clock()
         for result in results:
+            if result.failure:
+                failing.add_metric([result.run, result.failure], result.failing_seconds)  # type: ignore[attr-defined]
+            if not result.complete:
+                continue
             ledger_up.add_metric([result.run], 1.0 if result.ledger_ok else 0.0)  # type: ignore[attr-defined]
             checked = [c for c in result.checks if c.missing is not None]
             gone = [c.step for c in checked if c.missing]
+            blind = [c for c in result.checks if c.missing is None]
             if checked:
                 missing.add_metric([result.run], float(len(gone)))  # type: ignore[attr-defined]
             if gone:
                 missing_step.add_metric([result.run], float(max(gone)))  # type: ignore[attr-defined]
+            if blind:
+                unchecked.add_metric([result.run], float(len(blind)))  # type: ignore[attr-defined]
             bad = [c for c in result.checks if c.corrupt]
             if checked:
                 corrupt.add_metric([result.run], float(len(bad)))  # type: ignore[attr-defined]
@@ -567,25 +395,27 @@ class CheckpointSentinelCollector:
             newest = result.newest_verified()
             if newest is not None:
                 age.add_metric([result.run], max(0.0, wall - newest.time))  # type: ignore[attr-defined]
-        read.add_metric([], float(self.verifications.read_bytes))  # type: ignore[attr-defined]
-        budget.add_metric([], float(self.verifications.budget))  # type: ignore[attr-defined]
-        return [missing, missing_step, corrupt, corrupt_step, age, ledger_up, read, budget]
+        read.add_metric([], float(self.budget.read_bytes))  # type: ignore[attr-defined]
+        budget.add_metric([], float(self.budget.budget))  # type: ignore[attr-defined]
+        return [
+            missing,
+            missing_step,
+            corrupt,
+            corrupt_step,
+            age,
+            ledger_up,
+            unchecked,
+            failing,
+            read,
+            budget,
+        ]
+
+    # --- passes -------------------------------------------------------------------------------------
 
     def check_now(self) -> list[RunCheck]:
-        """Check every run directory on the calling thread (what the worker does)."""
-        results: list[RunCheck] = []
-        labels: set[str] = set()
-        self.verifications.begin_pass()
-        for run_dir in self.run_dirs:
-            result = self._check(run_dir)
-            if result.run in labels:  # two directories with one run name: keep series apart
-                result.run = sanitize_value(str(run_dir)) or result.run
-            labels.add(result.run)
-            results.append(result)
-            self._log_changes(result)
-            self._write_verdicts(result)
-        self.verifications.end_pass()
-        return results
+        """One pass over every run directory, on the calling thread (what the pass thread does)."""
+        with self._pass_lock:
+            return self._pass()
 
     def _loop(self) -> None:
         while True:
@@ -605,132 +435,307 @@ class CheckpointSentinelCollector:
                 self._busy = False
             self._done.set()
 
-    def _saves(self, run_dir: Path, wall: float) -> list[SaveRecord]:
-        if self._read is None:
-            return self._tails[run_dir].saves(now=wall, abort_after=self.abort_after)
-        return [
-            r if isinstance(r, SaveRecord) else SaveRecord(r.step, r.path, r.nbytes, r.time)
-            for r in self._read(run_dir)
-        ]
-
-    def _check(self, run_dir: Path) -> RunCheck:
-        name = self._names.get(run_dir)
-        if name is None:
-            found = run_name(run_dir)
-            name = sanitize_value(found or run_dir.name) or "run"
-            if found:
-                self._names[run_dir] = name
+    def _pass(self) -> list[RunCheck]:
         wall = self._clock()
-        try:
-            saves = self._saves(run_dir, wall)
-        except FileNotFoundError:
-            return RunCheck(run_dir, name, False, "no ledger in this directory")
-        except OSError as exc:
-            return RunCheck(run_dir, name, False, f"cannot read the ledger: {exc.strerror or exc}")
-        newest: dict[int, SaveRecord] = {}
-        for save in saves:  # oldest first; a step saved again after a restart keeps its newest record
-            newest[save.step] = save
-        ordered = _newest_per_path(newest.values())
-        done = [s for s in ordered if s.state == "completed"][-self.keep_last :]
-        since = done[0].time if done else 0.0
-        aborted = [s for s in ordered if s.state == "aborted" and s.time >= since][-self.keep_last :]
-        checks = []
-        for i, save in enumerate(reversed(done)):  # newest first: it gets the digest budget first
-            checks.append(self._verify(run_dir, save, wall, newest=i == 0))
-        checks.reverse()
-        checks.extend(c for c in (self._aborted(run_dir, s) for s in aborted) if c is not None)
-        return RunCheck(run_dir, name, True, checks=checks)
-
-    def _verify(self, run_dir: Path, save: SaveRecord, wall: float, *, newest: bool) -> CheckpointCheck:
-        check = verify(run_dir, save, self.sizes.size)
-        if check.missing is not False or not save.path:
-            return check
-        path = Path(save.path) if os.path.isabs(save.path) else run_dir / save.path
-        try:
-            state = self.verifications.check(path, newest=newest)
-        except OSError as exc:  # the manifest cannot be stat'ed: cannot tell
-            return replace(check, detail=f"cannot check its manifest: {exc.strerror or exc}")
-        if state is None:
-            if not save.manifest:
-                return check  # a tracker that writes no manifests: existence and size only
-            if save.manifest_ok is False:
-                return replace(check, corrupt=True, reason="incomplete", detail=save.why or "incomplete")
-            if save.closed or wall - save.time > self.manifest_grace:
-                why = (
-                    "no manifest: its process ended before committing one (the save did not complete)"
-                    if save.closed
-                    else f"no manifest {self.manifest_grace:.0f} s after the save (it did not complete, "
-                    "or its manifest thread is stuck)"
-                )
-                return replace(check, corrupt=True, reason="no_manifest", detail=why)
-            return replace(check, pending=True, detail="its manifest is still being written")
-        problem = _problem_of(state)
-        if problem is None:
-            return replace(check, corrupt=False, mid=state.mid)
-        return replace(
-            check,
-            corrupt=True,
-            reason=problem.reason,
-            file=problem.file,
-            detail=problem.text(),
-            mid=state.mid,
-        )
-
-    def _aborted(self, run_dir: Path, save: SaveRecord) -> CheckpointCheck | None:
-        """A save that began and never ended: corrupt when its path is there (a half-written checkpoint
-        a resume could pick), nothing when it never wrote anything."""
-        if not save.path or "://" in save.path:
-            return None
-        path = Path(save.path) if os.path.isabs(save.path) else run_dir / save.path
-        if not os.path.lexists(path):
-            return None
-        return CheckpointCheck(
-            save.step,
-            save.path,
-            save.time,
-            missing=False,
-            detail=f"incomplete: the save began at {time.strftime('%H:%M:%S', time.gmtime(save.time))} UTC "
-            "and never ended (its process died or moved on); do not resume from it",
-            corrupt=True,
-            reason="incomplete",
-        )
-
-    def _write_verdicts(self, result: RunCheck) -> None:
-        """Append each changed verdict to the run directory (for the report and requeues)."""
-        if not self._verdicts:
-            return
-        for check in result.checks:
-            if check.corrupt is None:
+        credit = self.budget.begin_pass()
+        asked: list[_Run] = []
+        for run in self._runs:
+            self._reap(run)
+            if self._prepare(run):
+                asked.append(run)
+        grants: dict[int, int] = {}
+        left = credit
+        for run in asked:  # in configured order: each gets what it asked for, while there is some
+            grant = left if run.demand is None else min(run.demand, left)
+            grants[id(run)] = grant
+            left -= grant
+        replies = self._exchange(asked, grants, wall)
+        used, starved = 0, False
+        for run in asked:
+            reply = replies.get(id(run))
+            grant = grants[id(run)]
+            if isinstance(reply, _Gone):  # no directory there: nothing to check, nothing read
+                run.last = RunCheck(run.path, run.name or run.fallback, False, reply.why)
+                self._succeeded(run)
                 continue
-            state = (check.corrupt, check.reason, check.file, check.mid)
-            key = (result.run_dir, check.step)
-            if self._verdicts_written.get(key) == state:
+            if isinstance(reply, WorkerDied) or reply is None:
+                died = reply if isinstance(reply, WorkerDied) else WorkerDied("timeout")
+                self._failed(run, died.reason, died.detail)
+                used += grant  # it may have read all of it before it died
                 continue
-            verdict = Verdict(
-                t=self._clock(),
-                step=check.step,
-                path=check.path,
-                mid=check.mid,
-                ok=not check.corrupt,
-                reason=check.reason,
-                file=check.file,
-                detail=check.detail,
-            )
             try:
-                append_verdict(result.run_dir, verdict)
-            except OSError as exc:
-                if result.run_dir not in self._verdicts_failed:
-                    self._verdicts_failed.add(result.run_dir)
-                    log.warning(
-                        "babysitter: checkpoint sentinel: cannot write verdicts into %s (%s); the report "
-                        "and requeues see only what they check themselves",
-                        result.run_dir,
-                        exc.strerror or exc,
-                    )
+                result, spent, hungry = self._accept(run, reply, grant)
+            except _Failed as failed:  # it says why it could not finish
+                self._failed(run, failed.reason, failed.detail)
+                used += grant
                 continue
-            self._verdicts_written[key] = state
-        if len(self._verdicts_written) > 4096:
-            self._verdicts_written.clear()
+            except ValueError as exc:  # an answer that is not one: the worker is not trusted again
+                self._failed(run, "crashed", f"a malformed answer ({exc})")
+                used += grant
+                continue
+            used += spent
+            starved = starved or hungry
+            run.last = result
+        self.budget.end_pass(used, starved)
+        results: list[RunCheck] = []
+        labels: set[str] = set()
+        for run in self._runs:
+            result = self._result(run)
+            if result.run in labels:  # two directories with one run name: keep series apart
+                result.run = sanitize_value(str(run.path)) or result.run
+            labels.add(result.run)
+            results.append(result)
+            if result.complete and not result.failure:
+                self._log_changes(result)
+        return results
+
+    def _prepare(self, run: _Run) -> bool:
+        """Start ``run``'s worker when it needs one; whether to ask it this pass."""
+        now = time.monotonic()
+        if run.worker is not None and run.respawn_at and now >= run.respawn_at:
+            # Checked as nobody for a while: is its owner alone in control now?
+            self._stop_worker(run)
+        if run.worker is None and now < run.retry_at:
+            return False  # failing, and not yet tried again
+        if run.worker is None:
+            return self._spawn(run)
+        return True
+
+    def _spawn(self, run: _Run) -> bool:
+        if run.stuck:  # a killed worker has not exited (blocked in the kernel): no second one
+            self._failed(run, "timeout", "the previous worker has not exited yet")
+            return False
+        identity = None if os.geteuid() == 0 else agent_identity()
+        spec = WorkerSpec(run.path, identity, self.settings, self.run_memory, self._read)
+        try:
+            run.worker = Worker.start(spec)
+        except OSError as exc:
+            self._failed(run, "crashed", f"cannot start a worker: {exc.strerror or exc}")
+            return False
+        self._workers.live.add(run.worker)
+        run.demand = None
+        run.walks = 0
+        run.respawn_at = 0.0
+        return True
+
+    def _identity(self, run: _Run, found: Walk) -> Identity:
+        """The credentials for ``run`` whose worker, still root, walked its path and found ``found``."""
+        identity = identity_for(decide(found, private_groups()))
+        now = time.monotonic()
+        if run.nobody_why and now < run.nobody_until and identity.uid is not None:
+            identity = nobody(run.nobody_why)
+        if identity.owner is None and identity.uid is not None:  # nobody: try its owner again later
+            run.respawn_at = now + _NOBODY_RETRY
+        if (identity.label, identity.why) != run.said:
+            run.said = (identity.label, identity.why)
+            if identity.why:
+                log.warning(
+                    "babysitter: checkpoint sentinel: checking %s as nobody: %s", run.path, identity.why
+                )
+            else:
+                log.info("babysitter: checkpoint sentinel: checking %s as %s", run.path, identity.label)
+        return identity
+
+    def _exchange(self, asked: list[_Run], grants: dict[int, int], wall: float) -> dict[int, _Outcome]:
+        """Ask every worker at once; their answers, or why none came, within ``run_timeout``.
+
+        A worker started for this pass first says what its walk as root found; it is then told whose
+        credentials to take, and asked. A worker that finds its run directory replaced, or someone
+        besides its owner in control, is replaced once within the pass (then as ``nobody``)."""
+        deadline = time.monotonic() + self.run_timeout
+        limit = (64 << 10) + self.keep_last * 2 * 8192
+        out: dict[int, _Outcome] = {}
+        pending: dict[int, _Run] = {}
+        restarted: set[int] = set()
+        with selectors.DefaultSelector() as selector:
+
+            def send(run: _Run, message: dict[str, object]) -> bool:
+                assert run.worker is not None
+                try:
+                    run.worker.send(message)
+                except WorkerDied as died:
+                    out[id(run)] = died
+                    selector.unregister(run.worker.sock)
+                    del pending[id(run)]
+                    return False
+                return True
+
+            def ask(run: _Run) -> None:
+                assert run.worker is not None
+                request: dict[str, object] = {
+                    "wall": float(wall),
+                    "credit": grants[id(run)],
+                    "seconds": max(0.0, deadline - time.monotonic()),
+                }
+                if send(run, request):
+                    run.worker.state = "asked"
+
+            def watch(run: _Run) -> None:
+                assert run.worker is not None
+                selector.register(run.worker.sock, selectors.EVENT_READ, run)
+                pending[id(run)] = run
+                if run.worker.state == "ready":
+                    ask(run)
+
+            def handle(run: _Run, message: dict[str, object]) -> None:
+                worker = run.worker
+                assert worker is not None
+                if worker.state == "hello":
+                    try:
+                        found = Walk.from_json(message.get("walk"))
+                    except ValueError as exc:
+                        out[id(run)] = WorkerDied("crashed", f"a malformed walk ({exc})")
+                        return
+                    if not found.exists:  # nothing to check: the worker ends, the run says why
+                        out[id(run)] = _Gone(found.why)
+                        self._stop_worker(run)
+                        return
+                    worker.identity = self._identity(run, found)
+                    selector.register(worker.sock, selectors.EVENT_READ, run)
+                    pending[id(run)] = run
+                    if send(run, {"identity": worker.identity.to_json()}):
+                        ask(run)
+                    return
+                worker.state = "ready"  # answered: it waits for the next pass's request
+                reason = message.get("reason")
+                if (
+                    message.get("ok") is False
+                    and reason in ("mismatch", "moved")
+                    and id(run) not in restarted
+                ):
+                    restarted.add(id(run))
+                    self._stop_worker(run)
+                    if reason == "mismatch":
+                        run.nobody_why = (
+                            clean(str(message.get("detail", "")), 300) or "someone else controls it"
+                        )
+                        run.nobody_until = time.monotonic() + _NOBODY_RETRY
+                    if self._spawn(run):
+                        watch(run)
+                    else:
+                        out[id(run)] = WorkerDied(run.failure or "crashed", run.failure_detail)
+                    return
+                out[id(run)] = message
+
+            for run in asked:
+                watch(run)
+            while pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                for key, _ in selector.select(min(left, 1.0)):
+                    run = key.data
+                    worker = run.worker
+                    if worker is None or id(run) not in pending or key.fileobj is not worker.sock:
+                        continue
+                    try:
+                        message = worker.receive(limit)
+                    except WorkerDied as died:
+                        out[id(run)] = died
+                        selector.unregister(worker.sock)
+                        del pending[id(run)]
+                        continue
+                    if message is None:
+                        continue
+                    selector.unregister(worker.sock)
+                    del pending[id(run)]
+                    handle(run, message)
+        for run in pending.values():
+            out[id(run)] = WorkerDied("timeout", f"no answer within {self.run_timeout:g} s")
+        return out
+
+    def _accept(self, run: _Run, reply: dict[str, object], grant: int) -> tuple[RunCheck, int, bool]:
+        """A worker's answer as a result: (the run's check, digest bytes read, whether it wanted more);
+        ValueError for anything but an answer."""
+        if reply.get("ok") is not True:
+            reason = reply.get("reason")
+            if reason in ("memory", "error", "privileges"):
+                raise _Failed(str(reason), clean(str(reply.get("detail", "")), 300))
+            raise ValueError(f"reason {str(reason)[:40]!r}")
+        ledger_ok, detail, checks = reply.get("ledger_ok"), reply.get("detail", ""), reply.get("checks")
+        if type(ledger_ok) is not bool or type(detail) is not str or type(checks) is not list:
+            raise ValueError("bad fields")
+        if len(checks) > 2 * self.keep_last:
+            raise ValueError("too many checks")
+        parsed = [CheckpointCheck.from_json(c) for c in checks]
+        name = reply.get("run")
+        if name is not None and type(name) is not str:
+            raise ValueError("bad run name")
+        numbers = [reply.get(k, 0) for k in ("used", "demand", "walks")]
+        if not all(type(n) is int and n >= 0 for n in numbers):
+            raise ValueError("bad counts")
+        spent, demand, walks = (int(n) for n in numbers)  # type: ignore[call-overload]
+        notes = reply.get("notes", [])
+        if type(notes) is not list or not all(type(n) is str for n in notes):
+            raise ValueError("bad notes")
+        for note in notes[:8]:
+            text = clean(note, 300)
+            if text not in run.notes and len(run.notes) < 64:
+                run.notes.add(text)
+                log.warning("babysitter: checkpoint sentinel: %s: %s", run.path, text)
+        if name:
+            run.name = sanitize_value(name[:256]) or run.fallback
+        run.demand = demand
+        run.walks = walks
+        self._succeeded(run)
+        result = RunCheck(run.path, run.name or run.fallback, ledger_ok, clean(detail, 512), parsed)
+        return result, min(spent, grant), bool(reply.get("starved", False))
+
+    def _succeeded(self, run: _Run) -> None:
+        if run.failure:
+            log.info("babysitter: checkpoint sentinel: %s is checked again", run.path)
+        run.failures, run.failure, run.failure_detail = 0, "", ""
+        run.checked_at = time.monotonic()
+
+    def _failed(self, run: _Run, reason: str, detail: str = "") -> None:
+        """The run's checks could not finish: end its worker, try again after a backoff."""
+        self._stop_worker(run, kill=True)
+        run.failures += 1
+        backoff = min(max(self._refresh, 1.0) * 2 ** (run.failures - 1), _BACKOFF_MAX)
+        run.retry_at = time.monotonic() + backoff
+        run.failure, run.failure_detail = reason, detail
+        log.warning(
+            "babysitter: checkpoint sentinel: the checks of %s failed (%s%s); its last complete check is "
+            "served, its worker starts again in %.0f s",
+            run.path,
+            reason,
+            f": {detail}" if detail else "",
+            backoff,
+        )
+
+    def _stop_worker(self, run: _Run, *, kill: bool = False) -> None:
+        worker, run.worker = run.worker, None
+        if worker is None:
+            return
+        worker.close()
+        if kill:
+            worker.kill()
+        if worker.reap(wait=0.2) is None:
+            worker.kill()
+            if worker.reap(wait=0.1) is None:
+                run.stuck.append(worker)  # blocked in the kernel: reaped at a later pass, or at close
+                return
+        self._workers.live.discard(worker)
+
+    def _reap(self, run: _Run) -> None:
+        for worker in [w for w in run.stuck if w.reap() is not None]:
+            run.stuck.remove(worker)
+            self._workers.live.discard(worker)
+
+    def _result(self, run: _Run) -> RunCheck:
+        name = run.name or run.fallback
+        last = run.last
+        if last is None:
+            result = RunCheck(run.path, name, False, "not checked yet", complete=False)
+        else:
+            result = RunCheck(last.run_dir, name, last.ledger_ok, last.detail, list(last.checks))
+        if run.failure:
+            result.failure = run.failure
+            result.failure_detail = run.failure_detail
+            result.failing_seconds = max(0.0, time.monotonic() - run.checked_at)
+        return result
+
+    # --- logs ---------------------------------------------------------------------------------------
 
     def _log_changes(self, result: RunCheck) -> None:
         self._report(result.run_dir, "ledger", "" if result.ledger_ok else result.detail, result.run)
@@ -749,8 +754,17 @@ class CheckpointSentinelCollector:
         if previous == problem or (previous is None and not problem):
             return
         self._reported[key] = problem
-        where = f"run {run!r} ({run_dir}) {subject}" + (f" at {path}" if path else "")
+        where = f"run {run!r} ({run_dir}) {subject}" + (f" at {path!r}" if path else "")
         if problem:
             log.warning("babysitter: checkpoint sentinel: %s: %s", where, problem)
         else:
             log.info("babysitter: checkpoint sentinel: %s is fine again", where)
+
+
+class _Failed(ValueError):
+    """A worker that says it failed (memory, error, privileges): not a malformed answer."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail

@@ -7,19 +7,28 @@ shape the exporters write (``name{a="b",...} value [timestamp]``, ``# HELP``/``#
 quotes) is read with one compiled regular expression; every other line goes to prometheus_client's
 own functions, so quirks, escapes and errors stay exactly theirs. ``tests/test_node_exposition.py``
 checks the two give the same families, samples and errors.
+
+What a comment line reads as is remembered in the ``headers`` the caller passes (a rank sends the same
+lines every scrape): the trainers collector passes each registration's own part of one cache bounded
+in bytes and entries and shared fairly between users
+(:class:`~babysitter.node.workloads.fair_cache.FairCache`), so one user's rotating comment lines
+evict their own entries, never an honest rank's.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import parser as _parser
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 
-__all__ = ["parse_text"]
+from babysitter.node.workloads.fair_cache import MISSING
+
+__all__ = ["Headers", "header_size", "parse_text"]
 
 #: prometheus_client's own (untyped, private) line functions: the slow path, whose behaviour is the reference.
 _pc: Any = _parser
@@ -31,11 +40,32 @@ _SAMPLE = re.compile(
 )
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\.)*)"')
 _COMMENT = re.compile(rf"# (HELP|TYPE) ({_NAME})(?: ([^\"]*))?")
-#: Comment lines read before (at most this many, each at most this long: a rank's text is untrusted).
-_headers: dict[str, tuple[str, str, str] | None] = {}
-_MAX_HEADERS = 4096
+#: Comment lines longer than this are read every time, never remembered (a rank's text is untrusted).
 _MAX_HEADER = 1024
-_UNSEEN = object()
+_getsizeof = sys.getsizeof
+
+#: What a comment line reads as: (HELP or TYPE, family, documentation or type), or None (skipped).
+Header = tuple[str, str, str] | None
+
+
+class Headers(Protocol):
+    """Where comment lines read before are remembered: one registration's part of the trainers'
+    :class:`~babysitter.node.workloads.fair_cache.FairCache` (a ``Partition``)."""
+
+    def get(self, key: str) -> Header | object:
+        """What ``key`` read as, or :data:`~babysitter.node.workloads.fair_cache.MISSING`."""
+
+    def put(self, key: str, value: Header, size: int) -> None:
+        """Remember what ``key`` read as, counted as ``size`` bytes."""
+
+
+def header_size(line: str, header: Header) -> int:
+    """Bytes a remembered comment line holds: the line and what it read as (its strings, the tuple)."""
+    if header is None:
+        return _getsizeof(line)
+    return _getsizeof(line) + _getsizeof(header) + _getsizeof(header[1]) + _getsizeof(header[2])
+
+
 _ALLOWED = {
     "counter": ("",),
     "gauge": ("",),
@@ -80,15 +110,17 @@ def _comment(line: str) -> list[str]:
     return ["#", kind, name] if rest is None else ["#", kind, name, rest]
 
 
-def _header(line: str) -> tuple[str, str, str] | None:
+def _header(line: str, headers: Headers | None) -> Header:
     """``(HELP or TYPE, family, documentation or type)`` of a comment line, None for one the parser
-    skips; raises where it raises. Remembered: a rank sends the same comment lines every scrape."""
-    got = _headers.get(line, _UNSEEN)
-    if got is not _UNSEEN:
+    skips; raises where it raises. Remembered in ``headers``: a rank sends the same lines every scrape."""
+    if headers is None:
+        return _read_header(line)
+    got = headers.get(line)
+    if got is not MISSING:
         return got  # type: ignore[return-value]
     read = _read_header(line)
-    if len(line) <= _MAX_HEADER and len(_headers) < _MAX_HEADERS:
-        _headers[line] = read
+    if len(line) <= _MAX_HEADER:
+        headers.put(line, read, header_size(line, read))
     return read
 
 
@@ -123,12 +155,13 @@ def _build(name: str, documentation: str, typ: str, samples: list[Sample]) -> Me
     return metric
 
 
-def parse_text(text: str) -> list[Metric]:
-    """Every family in ``text``: ``list(prometheus_client.parser.text_string_to_metric_families(text))``."""
-    return list(_families(text.split("\n")))  # StringIO's lines: only "\n" ends one
+def parse_text(text: str, headers: Headers | None = None) -> list[Metric]:
+    """Every family in ``text``: ``list(prometheus_client.parser.text_string_to_metric_families(text))``;
+    comment lines remembered in ``headers`` when given."""
+    return list(_families(text.split("\n"), headers))  # StringIO's lines: only "\n" ends one
 
 
-def _families(lines: Iterable[str]) -> Iterator[Metric]:
+def _families(lines: Iterable[str], headers: Headers | None) -> Iterator[Metric]:
     name = ""
     documentation = ""
     typ = "untyped"
@@ -137,7 +170,7 @@ def _families(lines: Iterable[str]) -> Iterator[Metric]:
     for raw in lines:
         line = raw.strip()
         if line.startswith("#"):
-            header = _header(line)
+            header = _header(line, headers)
             if header is None:
                 continue
             kind, candidate, payload = header

@@ -4,8 +4,10 @@ The agent re-serves every registered trainer on its own target, so whatever a tr
 Prometheus as if the agent said it, on this host's ``instance``. A local user must not be able to fake
 the agent's view of the host (a lemon GPU, a healthy Xid source, a lost checkpoint), Prometheus'
 own series (``up``, ``scrape_*``, ``ALERTS``), a recording rule's output (any name with a colon),
-or another exporter the rules read (dcgm-exporter's ``DCGM_*``), nor set the labels that say where a
-series comes from (``instance``, ``job``, anything starting with ``__``).
+another exporter the rules read (dcgm-exporter's ``DCGM_*``) or the monitoring's own series
+(``prometheus_*``, ``alertmanager_*``, ``vmalert_*``: a trainer must not page "rule evaluation
+failing"), nor set the labels that say where a series comes from (``instance``, ``job``, anything
+starting with ``__``).
 
 The agent's families are derived from the catalog, not listed: every entry whose ``source`` is not
 what a training process emits (``tracker``, and ``self``: babysitter's own health, which a tracker
@@ -36,7 +38,9 @@ __all__ = [
 TRAINER_SOURCES = frozenset({"tracker", "self"})
 #: Series Prometheus writes itself for each target and rule, and another exporter the rules read.
 PROMETHEUS_NAMES = frozenset({"up", "ALERTS", "ALERTS_FOR_STATE"})
-_OTHER_PREFIXES = ("scrape_", "DCGM_")
+#: Prometheus's per-scrape series, dcgm-exporter's, and the monitoring's own (Prometheus, Alertmanager,
+#: vmalert: RuleEvaluationFailing and the other monitoring alerts read them wherever they come from).
+_OTHER_PREFIXES = ("scrape_", "DCGM_", "prometheus_", "alertmanager_", "vmalert_")
 #: Labels that say where a series comes from: the scrape's, never a trainer's.
 RESERVED_LABELS = frozenset({"instance", "job"})
 _SUFFIXES = {

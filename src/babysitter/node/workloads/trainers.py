@@ -21,6 +21,9 @@ bytes per scrape, read at most ``read_budget``), shared max-min fair per user, t
 A scrape that says how long Prometheus waits (``X-Prometheus-Scrape-Timeout-Seconds``, passed in by
 the agent through :meth:`TrainersCollector.limit_to`) shortens the fetch deadline to fit inside it.
 
+Each registration's rank is served as a number too (``babysitter_trainer_rank``), which no trainer can
+serve: the rules compare it with the world size the run's rank 0 declares.
+
 Failures stay local: an endpoint that fails gets ``babysitter_trainer_scrape_success 0``, its
 ``babysitter_trainer_scrape_errors_total{reason}`` goes up and one line is logged until it recovers;
 a trainer that died has its registration dropped, one log line, and
@@ -43,7 +46,8 @@ from babysitter.catalog import node as N
 from babysitter.catalog.budget import BUDGET
 from babysitter.node.collector import family_of
 from babysitter.node.workloads import share
-from babysitter.node.workloads.exposition import parse_text
+from babysitter.node.workloads.exposition import Headers, parse_text
+from babysitter.node.workloads.fair_cache import FairCache
 from babysitter.node.workloads.fetch import FETCH_ERRORS, Fetched, Fetcher, FetchError
 from babysitter.node.workloads.reserved import RESERVED_PREFIXES, is_reserved_name, reserved_label
 from babysitter.node.workloads.templates import Templates
@@ -72,6 +76,10 @@ READ_BUDGET = 32 * 1024 * 1024
 READ_FLOOR = 64 * 1024
 #: Time kept back from Prometheus' scrape timeout for the agent's own work after the fetches.
 SCRAPE_MARGIN = 0.5
+#: Comment lines remembered for all trainers (bytes, entries), shared fairly between users: a rank
+#: sends 40-90 (``# HELP``/``# TYPE`` of each family).
+HEADER_CACHE_BYTES = 2 * 1024 * 1024
+HEADER_CACHE_ENTRIES = 4096
 
 
 def fetch_deadline(configured: float, scrape_timeout: float | None) -> float:
@@ -135,6 +143,9 @@ class TrainersCollector:
         self._series_dropped: collections.Counter[tuple[str, str]] = collections.Counter()
         self._told: set[tuple[str, str]] = set()
         self._templates = Templates(max_bytes=4 * max_bytes_total)
+        self._headers: FairCache[str, object] = FairCache(
+            max_bytes=HEADER_CACHE_BYTES, max_entries=HEADER_CACHE_ENTRIES
+        )
 
     def limit_to(self, scrape_timeout: float | None) -> None:
         """The timeout of the scrape about to run (Prometheus' header), or None: the fetch fits in it."""
@@ -148,9 +159,12 @@ class TrainersCollector:
         """The families of every live trainer plus per-endpoint success, duration and errors."""
         with self._lock:
             found = self._scanner.scan(prune=True)
-            self._forget_gone(found)
-            # A template is an endpoint's: the registration (run and rank included) is its key.
-            self._templates.keep(r.endpoint for r in found)
+            self._forget_gone(found, self._scanner.dead)
+            # A template is an endpoint's: the registration (run and rank included) is its key, and
+            # its user's uid decides its fair share of the templates' and comment lines' bounds.
+            owners = {r.endpoint: r.owner_uid for r in found}
+            self._templates.keep(owners)
+            self._headers.keep(owners)
             limits = share.read_limits(
                 [r.owner_uid for r in found], budget=self._read_budget, floor=READ_FLOOR, cap=self._max_bytes
             )
@@ -170,6 +184,7 @@ class TrainersCollector:
             out: list[Metric] = []
             success = family_of(N.TRAINER_SCRAPE_SUCCESS)
             duration = family_of(N.TRAINER_SCRAPE_DURATION)
+            ranks = family_of(N.TRAINER_RANK)
             for i, (reg, result) in enumerate(zip(found, fetched, strict=True)):
                 ep = reg.endpoint
                 error = errors.get(i)
@@ -181,10 +196,11 @@ class TrainersCollector:
                 labels = [ep.run, str(ep.rank), str(reg.owner_uid)]
                 success.add_metric(labels, 0.0 if error else 1.0)  # type: ignore[attr-defined]
                 duration.add_metric(labels, result.seconds)  # type: ignore[attr-defined]
+                ranks.add_metric(labels, float(ep.rank))  # type: ignore[attr-defined]
                 if error is not None:
                     self._errors[(ep.run, str(ep.rank), error.reason)] += 1
                 self._log_transition(reg, error)
-            return [*out, success, duration, *self._counters(len(found))]
+            return [*out, success, duration, ranks, *self._counters(len(found))]
 
     def close(self) -> None:
         """Nothing to release: each round's connections close with it."""
@@ -284,9 +300,12 @@ class TrainersCollector:
         """The families of an endpoint's kept blocks, each parsed and bound to its registration (or
         from its template: :mod:`~babysitter.node.workloads.templates`); any FetchError fails them all."""
         served: list[Metric] = []
+        headers = self._headers.partition(reg.endpoint)
         for block in blocks:
             served.extend(
-                self._templates.serve(reg.endpoint, block.text, lambda text: self._bound(_parse(text), reg))
+                self._templates.serve(
+                    reg.endpoint, block.text, lambda text: self._bound(_parse(text, headers), reg)
+                )
             )
         return served
 
@@ -326,7 +345,10 @@ class TrainersCollector:
                 kept.append(family)
         return kept
 
-    def _forget_gone(self, found: list[registration.Registered]) -> None:
+    def _forget_gone(self, found: list[registration.Registered], dead: set[registration.Endpoint]) -> None:
+        """Forget the endpoints no longer registered; those whose registration was still there with
+        its process gone (``dead``) died without unregistering: dropped, counted and logged. A process
+        that unregistered and exited before this scan is not one of them (it closed its tracker)."""
         current = {self._key(r.endpoint): r.endpoint for r in found}
         for key, ep in list(self._known.items()):
             if key in current:
@@ -334,7 +356,7 @@ class TrainersCollector:
             del self._known[key]
             self._failing.pop(key, None)
             self._told.discard((key, "budget"))
-            if registration.is_alive(ep):
+            if ep not in dead:
                 log.info("babysitter: trainer run=%s rank=%s (pid %d) unregistered", ep.run, ep.rank, ep.pid)
             else:
                 self._dropped += 1
@@ -370,11 +392,12 @@ class TrainersCollector:
             log.info("babysitter: trainer run=%s rank=%s answers again", ep.run, ep.rank)
 
 
-def _parse(body: bytes) -> list[Metric]:
-    """Parse the blocks kept of an exposition (their samples were counted and bounded before)."""
+def _parse(body: bytes, headers: Headers | None = None) -> list[Metric]:
+    """Parse the blocks kept of an exposition (their samples were counted and bounded before); its
+    comment lines remembered in ``headers`` (the registration's part of the collector's cache)."""
     if not body:
         return []
     try:
-        return parse_text(body.decode("utf-8"))
+        return parse_text(body.decode("utf-8"), headers)
     except Exception as exc:  # the parser raises ValueError, IndexError, KeyError... on garbage
         raise FetchError("protocol", f"not Prometheus text: {type(exc).__name__}: {exc}"[:200]) from None

@@ -96,6 +96,11 @@ class Backend(Protocol):
         """The job's namespace (Kubernetes), or None."""
         ...
 
+    def nodes_of(self, jobs: Sequence[str]) -> list[str] | None:
+        """The nodes the jobs hold (Slurm: their node lists; Kubernetes: the nodes of their pods and of
+        the other pods of their JobSet or PyTorchJob), None when the backend cannot tell."""
+        ...
+
     def is_drained(self, host: str) -> bool | None:
         """Whether the host is drained (cordoned) now; None when the backend cannot tell."""
         ...

@@ -76,6 +76,27 @@ class KubernetesBackend:
     def namespace_of(self, job: str) -> str | None:
         return job.split("/", 1)[0] if "/" in job else None
 
+    def nodes_of(self, jobs: Sequence[str]) -> list[str] | None:
+        nodes: set[str] = set()
+        for job in jobs:
+            namespace, _, name = job.partition("/")
+            if not name:
+                continue
+            pod = self._call(f"read pod {job}", self._api.read_namespaced_pod, name, namespace)
+            labels = pod.metadata.labels or {}
+            owner = next(((key, labels[key]) for key in self.options.owner_labels if key in labels), None)
+            pods = [pod]
+            if owner is not None:  # the job's other pods: its JobSet's or PyTorchJob's
+                listed = self._call(
+                    f"list pods of {owner[0]}={owner[1]}",
+                    self._api.list_namespaced_pod,
+                    namespace,
+                    label_selector=f"{owner[0]}={owner[1]}",
+                )
+                pods += listed.items or []
+            nodes.update(p.spec.node_name for p in pods if p.spec is not None and p.spec.node_name)
+        return sorted(nodes)
+
     # ------------------------------------------------------------------ actions
 
     def _patch(
@@ -190,8 +211,10 @@ def _core_api(options: KubernetesOptions) -> Any:
     try:
         from kubernetes import client, config
     except ImportError:
+        from babysitter._install import pip_install_extra
+
         raise BackendError(
-            "the kubernetes backend needs the official client: pip install 'babysitter[k8s]'"
+            f"the kubernetes backend needs the official client: {pip_install_extra('k8s')}"
         ) from None
     configuration = client.Configuration()
     if options.in_cluster:

@@ -50,6 +50,9 @@ class ScriptBackend:
     def namespace_of(self, job: str) -> str | None:
         return None
 
+    def nodes_of(self, jobs: Sequence[str]) -> list[str] | None:
+        return None  # a hook cannot be asked
+
     def _hook(
         self, action: str, *, host: str | None, job: str | None, reason: str, dry_run: bool, alert: AlertDoc
     ) -> Outcome:

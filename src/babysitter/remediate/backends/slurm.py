@@ -85,6 +85,16 @@ class SlurmBackend:
     def namespace_of(self, job: str) -> str | None:
         return None
 
+    def nodes_of(self, jobs: Sequence[str]) -> list[str] | None:
+        if not jobs:
+            return []
+        out = self._query("squeue", "-h", "-j", ",".join(jobs), "-o", "%N")
+        lists = [line.strip() for line in out.splitlines() if line.strip() not in ("", "(null)")]
+        if not lists:
+            return []  # pending, or ended: it holds no node
+        # One argv element, never a shell: scontrol expands n[1-4] itself.
+        return sorted(set(self._query("scontrol", "show", "hostnames", ",".join(lists)).split()))
+
     # ------------------------------------------------------------------ actions
 
     def drain(self, host: str, reason: str, *, dry_run: bool, alert: AlertDoc = None) -> Outcome:

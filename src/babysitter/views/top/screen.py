@@ -6,10 +6,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from babysitter.terminal import clean
 from babysitter.views.top.cells import pct, secs
 from babysitter.views.top.frame import AlertRow, Frame, Source, gpu_key
 
-__all__ = ["NARROW", "merged_alerts", "render", "run_top"]
+__all__ = ["NARROW", "differing_labels", "merged_alerts", "render", "run_top"]
 
 
 #: Labels that say nothing about what an alert is about (merging duplicates ignores them).
@@ -32,8 +33,7 @@ def merged_alerts(alerts: tuple[AlertRow, ...]) -> list[tuple[AlertRow, str]]:
         if len(rows) == 1:
             out.append((first, ""))
             continue
-        keys = sorted({k for r in rows for k in r.labels} - _PLUMBING)
-        differ = [k for k in keys if len({r.labels.get(k, "") for r in rows}) > 1]
+        differ = differing_labels(rows)
         extra = " ".join(
             f"{k}={', '.join(sorted({r.labels.get(k, '') for r in rows} - {''}))}" for k in differ
         )
@@ -42,6 +42,12 @@ def merged_alerts(alerts: tuple[AlertRow, ...]) -> list[tuple[AlertRow, str]]:
             (AlertRow(first.name, first.state, first.severity, first.labels, since, first.summary), extra)
         )
     return out
+
+
+def differing_labels(rows: list[AlertRow]) -> list[str]:
+    """The labels, beyond alert plumbing, whose values tell ``rows`` (one alert's instances) apart."""
+    keys = sorted({k for r in rows for k in r.labels} - _PLUMBING)
+    return [k for k in keys if len({r.labels.get(k, "") for r in rows}) > 1]
 
 
 def _names(alerts: list[AlertRow]) -> str:
@@ -78,7 +84,11 @@ def render(frame: Frame, width: int | None = None) -> Any:
         )
 
     stamp = time.strftime("%H:%M:%S", time.localtime(frame.time))
-    parts: list[Any] = [Text(f"babysitter top  {stamp}  {frame.source}", style="bold", overflow="fold")]
+    # Every name and label value below comes from Prometheus or a /metrics page: through clean() and
+    # into Text, never markup ("[link=...]" would become a hyperlink), never a control character.
+    parts: list[Any] = [
+        Text(clean(f"babysitter top  {stamp}  {frame.source}"), style="bold", overflow="fold")
+    ]
     runs = Table(title="Runs", title_justify="left", expand=False)
     for col in ("run", "ranks", "step", "MFU", "goodput", "step time", "last step", "last ckpt", "restarts"):
         column(runs, col, right=col != "run", fold=col == "run")
@@ -88,7 +98,9 @@ def render(frame: Frame, width: int | None = None) -> Any:
     for row in frame.runs:
         stale = row.last_step_age is not None and row.last_step_age > max(30.0, 10 * (row.step_seconds or 0))
         cells: list[Any] = [
-            row.run if row.reporting else Text(f"{row.run} (not reporting)", style="bold red"),
+            Text(clean(row.run))
+            if row.reporting
+            else Text(clean(f"{row.run} (not reporting)"), style="bold red"),
             str(row.ranks),
             "-" if row.step is None else str(row.step),
             pct(row.mfu),
@@ -100,9 +112,9 @@ def render(frame: Frame, width: int | None = None) -> Any:
         ]
         firing = _names(frame.alerts_for_run(row.run)) if frame.alerts is not None else ""
         if alert_column:
-            cells.append(Text(firing, style="red"))
+            cells.append(Text(clean(firing), style="red"))
         elif firing:
-            under.append(Text(f"  {row.run} firing: {firing}", style="red", overflow="fold"))
+            under.append(Text(clean(f"  {row.run} firing: {firing}"), style="red", overflow="fold"))
         runs.add_row(*cells)
     if not frame.runs:
         runs.add_row("(no runs)", *[""] * (len(runs.columns) - 1))
@@ -110,7 +122,7 @@ def render(frame: Frame, width: int | None = None) -> Any:
     parts.extend(under)
     for row in frame.runs:
         if row.hint:
-            parts.append(Text(f"  {row.run}: {row.hint}", style="yellow", overflow="fold"))
+            parts.append(Text(clean(f"  {row.run}: {row.hint}"), style="yellow", overflow="fold"))
     nodes = Table(title="Nodes", title_justify="left", expand=False)
     for col in ("node", "GPUs up", "lost", "Xid (code x n)", "max temp", "util"):
         column(nodes, col, right=col not in ("node", "lost", "Xid (code x n)"), fold=col != "GPUs up")
@@ -120,11 +132,13 @@ def render(frame: Frame, width: int | None = None) -> Any:
     for node in frame.nodes:
         healthy = not node.lost
         cells = [
-            node.instance,
+            Text(clean(node.instance)),
             Text(f"{node.gpus_up}/{node.gpus}", style="green" if healthy else "bold red"),
-            Text(",".join(node.lost) or "-", style="" if healthy else "bold red"),
+            Text(clean(",".join(node.lost) or "-"), style="" if healthy else "bold red"),
             Text(
-                " ".join(f"{code}x{node.xids[code]}" for code in sorted(node.xids, key=gpu_key)) or "-",
+                clean(
+                    " ".join(f"{code}x{node.xids[code]}" for code in sorted(node.xids, key=gpu_key)) or "-"
+                ),
                 style="yellow" if node.xids else "",
             ),
             "-" if node.max_temperature is None else f"{node.max_temperature:.0f}C",
@@ -132,9 +146,9 @@ def render(frame: Frame, width: int | None = None) -> Any:
         ]
         firing = _names(frame.alerts_for_node(node.instance)) if frame.alerts is not None else ""
         if alert_column:
-            cells.append(Text(firing, style="red"))
+            cells.append(Text(clean(firing), style="red"))
         elif firing:
-            under.append(Text(f"  {node.instance} firing: {firing}", style="red", overflow="fold"))
+            under.append(Text(clean(f"  {node.instance} firing: {firing}"), style="red", overflow="fold"))
         nodes.add_row(*cells)
     if not frame.nodes:
         nodes.add_row("(no nodes)", *[""] * (len(nodes.columns) - 1))
@@ -149,18 +163,18 @@ def render(frame: Frame, width: int | None = None) -> Any:
             since = "-" if a.since is None else secs(max(0.0, frame.time - a.since))
             style = "bold red" if a.state == "firing" and a.severity == "critical" else None
             alerts.add_row(
-                a.name,
-                a.state,
-                a.severity,
-                " ".join(x for x in (a.subject(), extra) if x),
+                Text(clean(a.name)),
+                Text(clean(a.state)),
+                Text(clean(a.severity)),
+                Text(clean(" ".join(x for x in (a.subject(), extra) if x))),
                 since,
                 style=style,
             )
         if not rows:
             alerts.add_row("(none)", "", "", "", "")
         parts.append(alerts)
-    for error in frame.errors[:5]:
-        parts.append(Text(f"! {error}", style="yellow", overflow="fold"))
+    for error in list(dict.fromkeys(frame.errors))[:5]:  # a dead server fails every query alike
+        parts.append(Text(clean(f"! {error}"), style="yellow", overflow="fold"))
     return Group(*parts)
 
 

@@ -117,7 +117,7 @@ class PrometheusSource:
             try:
                 return self._by(expr, key)
             except PromError as exc:
-                errors.append(str(exc))
+                errors.append(f"{exc}{exc.advice()}")
                 return {}
 
         w = self.window
@@ -162,7 +162,7 @@ class PrometheusSource:
             try:
                 found = self._hints.hints((row.run for row in runs if row.reporting), client=self._client)
             except PromError as exc:
-                errors.append(str(exc))
+                errors.append(f"{exc}{exc.advice()}")
                 found = {}
             runs = tuple(replace(row, hint=found.get(row.run)) for row in runs)
         nodes = self._nodes(errors)
@@ -176,7 +176,7 @@ class PrometheusSource:
             temps = self._by(f"max by (instance) ({N.GPU_TEMPERATURE.name})", "instance")
             util = self._by(f"avg by (instance) ({N.GPU_UTILIZATION.name})", "instance")
         except PromError as exc:
-            errors.append(str(exc))
+            errors.append(f"{exc}{exc.advice()}")
             return ()
         gpus: dict[str, dict[str, bool]] = {}
         for item in up:
@@ -205,7 +205,7 @@ class PrometheusSource:
         try:
             raw = self._client.alerts()
         except PromError as exc:
-            errors.append(str(exc))
+            errors.append(f"{exc}{exc.advice()}")
             return None
         rows = []
         for item in raw:

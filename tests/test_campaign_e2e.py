@@ -1,0 +1,46 @@
+"""The CI campaign: three faults on the simulated cluster, the fast profile, graded end to end.
+
+Real parts: three node agents (simulated GPUs, fake sysfs trees), a three-rank lockstep gloo job
+under torchrun registered on them, Prometheus with the generated fast-profile rules, Alertmanager
+with the shipped routing, ``babysitter remediate --dry-run``; a planned restart or a slow but healthy
+save in the quiet time. It fails when a fault is missed, when a page names the wrong place (or none)
+or when anything pages in healthy time: babysitter.campaign.score grades it, and its table is the
+failure message. benchmarks/results/campaign.md has the full campaigns.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from babysitter.campaign.cluster import ClusterOptions, campaign_config
+from babysitter.campaign.play import play
+from babysitter.campaign.report import markdown, to_json
+from babysitter.campaign.schedule import Shape, build_schedule, short, timing_for
+from promkit import ALERTMANAGER, PROMETHEUS, require_binary
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+
+#: The faults: a GPU off the bus (the job dies with it and is requeued), a deleted checkpoint, a
+#: stopped rank (the hang must name it and its host).
+FAULTS = ("xid79", "ckpt_deleted", "hang")
+SEED = 2
+
+
+def test_a_short_campaign_pages_every_fault_naming_its_place_and_nothing_else(tmp_path: Path) -> None:
+    require_binary(PROMETHEUS, "prometheus")
+    require_binary(ALERTMANAGER, "alertmanager")
+    if shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists():
+        pytest.skip("torchrun not installed")
+    timing = short(timing_for("fast"))
+    schedule = build_schedule(SEED, campaign_config("fast"), timing, Shape(), kinds=FAULTS)
+    outcome = play(ClusterOptions(workdir=tmp_path, profile="fast"), schedule, timing)
+    table = markdown([to_json(outcome, label="CI campaign")])
+    s = outcome.score.summary
+    assert s["detected"] == s["faults"] == len(FAULTS), table
+    assert (s["culprit_wrong"], s["culprit_unnamed"]) == (0, 0), table
+    assert (s["false_pages"], s["wrong_place"], s["left_over"]) == (0, 0, 0), table
+    print(table)
