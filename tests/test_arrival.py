@@ -29,11 +29,13 @@ def simulate(
     async_chain: bool = False,
     jitter: float = 0.0005,
     seed: int = 0,
+    stop: tuple[int, int, float] | None = None,
 ) -> list[dict[int, float]]:
     """Each rank's recorded enqueue times (its own clock) by sequence number.
 
     ``work[r]``: rank r's compute per step; the step's collectives follow it (back to back, each
-    blocking, or with ``async_chain`` issued during the work and waited for at the end).
+    blocking, or with ``async_chain`` issued during the work and waited for at the end). ``stop``:
+    ``(rank, step, seconds)``, that rank stopped (SIGSTOP) for that long inside that step's work.
     """
     rng = random.Random(seed)
     ranks = len(work)
@@ -41,7 +43,9 @@ def simulate(
     seen: list[dict[int, float]] = [{} for _ in range(ranks)]
     free = [0.0] * ranks  # true time each rank is free to compute
     seq = 0
-    for _ in range(steps):
+    for step in range(steps):
+        if stop is not None and stop[1] == step:
+            free[stop[0]] += stop[2]
         if async_chain:
             # Buckets enqueued evenly during the work; the step ends when the last bucket completes.
             times = []
@@ -135,6 +139,25 @@ def test_a_rank_whose_clock_is_off_is_not_flagged_once_offsets_are_removed(skew:
     assert abs(fixed[1] - 1.0) <= 0.05, fixed  # type: ignore[operator]
     assert fixed[2] == pytest.approx(1.4, abs=0.03)
     assert abs(lags[1]) < 0.002  # type: ignore[arg-type]
+
+
+def test_a_rank_stopped_once_and_resumed_is_no_straggler_in_any_round_that_samples_the_stop() -> None:
+    """Rank 2 stopped for 30 s inside step 60 (a hang: TrainingStalled's page) and resumed. A round
+    samples the last 32 pairs (16 steps here), so every round ending in steps 61 to 76 holds the stopped
+    pair: with a round every 5 steps (the campaign's) that is three rounds in a row, enough to move the
+    median of three. The one huge gap must not make rank 2 a straggler in any of them, nor the others'
+    one huge wait a lag; a real straggler in the same rounds is still named."""
+    for work, slow in (([0.05] * 4, None), ([0.05, 0.05, 0.05, 0.07], 3)):
+        seen = simulate(work, steps=80, stop=(2, 60, 30.0))
+        for end in range(61, 77):
+            upto = [{seq: t for seq, t in rank.items() if seq <= 2 * end} for rank in seen]
+            scores, lags = one_round(upto, [0.0] * 4)
+            for r in range(4):
+                if r == slow:
+                    assert scores[r] == pytest.approx(1.4, abs=0.05), (end, scores)
+                else:
+                    assert abs(scores[r] - 1.0) <= 0.05, (end, scores)  # type: ignore[operator]
+                    assert abs(lags[r]) < 0.005, (end, lags)  # type: ignore[arg-type]
 
 
 def test_async_chains_count_only_at_their_sync_boundary() -> None:

@@ -6,9 +6,12 @@ on every rank, as lockstep makes them. The node agent serves the ranks, a real P
 generated fast-profile rules and a real Alertmanager (the example config) delivers to a webhook here.
 
 1. The straggler: every rank's score comes from collective arrival (``train_info{flight_recorder="on"}``),
-   rank 2's above 1.3, the others within 0.05 of 1 - rank 1 included, whose clock is off; the
-   TrainingStragglerRank page names rank 2 with its host and GPU, and no other rank; ``babysitter
-   explain`` ranks it first with the same host.
+   rank 2's above 1.25 (its work is 84 ms of sleep to the others' 60 plus the same few ms of compute:
+   about 1.35, read 1.28 to 1.36 here), the others within 0.1 of 1 (half the way to the page's 1.2; on
+   a loaded 2-core machine one healthy rank read 0.946) - rank 1 included, whose clock is off (its lag
+   stays within 5 ms: uncorrected, the 25 ms would show there); the TrainingStragglerRank page names
+   rank 2 with its host and GPU, and no other rank; ``babysitter explain`` ranks it first with the same
+   host.
 2. The hang: rank 2 is stopped (SIGSTOP). The others wait in the step's all_reduce and say so; the
    TrainingStalled page names rank 2, its host and GPU, and the collective the others (0, 1, 3, never
    named) wait in; ``babysitter remediate`` with ``hosts_from: culprit`` plans to drain that host and
@@ -154,7 +157,7 @@ def test_a_lockstep_straggler_is_named_and_no_other_rank_whatever_its_clock(stac
     wait_for(
         lambda: (
             len(prom.query(f'{score}{{run="{RUN}"}}')) == 4
-            and prom.query(f'{score}{{run="{RUN}", rank="{SLOW}"}} > 1.3')
+            and prom.query(f'{score}{{run="{RUN}", rank="{SLOW}"}} > 1.25')
         ),
         timeout=120,
         interval=0.5,
@@ -163,8 +166,8 @@ def test_a_lockstep_straggler_is_named_and_no_other_rank_whatever_its_clock(stac
     time.sleep(3)  # a few more rounds
     scores = {r["metric"]["rank"]: float(r["value"][1]) for r in prom.query(f'{score}{{run="{RUN}"}}')}
     print("straggler scores:", scores)
-    assert scores[SLOW] > 1.3, scores
-    assert all(abs(v - 1.0) <= 0.05 for rank, v in scores.items() if rank != SLOW), scores  # rank 1 too
+    assert scores[SLOW] > 1.25, scores
+    assert all(abs(v - 1.0) <= 0.1 for rank, v in scores.items() if rank != SLOW), scores  # rank 1 too
     # Step times alone cannot tell them apart (lockstep): the step-time rule reads ~1 everywhere.
     info = prom.query(f'{T.INFO.name}{{run="{RUN}", flight_recorder="on"}}')
     assert len(info) == 4, info

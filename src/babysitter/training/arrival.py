@@ -9,8 +9,13 @@ per collective, the latest arrival (when the collective could complete) and the 
   pairs where *every* rank arrived at N after N-1 could complete count (a sync boundary: a blocking
   all_reduce, the wait at the end of DDP's backward); inside async chains (DDP's buckets issued
   during backward) a gap says nothing about work and the pair is left out, for every rank alike.
-* **score**: a rank's summed gaps over the median rank's (1.4 for a rank whose work takes 40% longer).
-  In lockstep training every rank's step time is the same, so step times cannot say this.
+* **score**: a rank's mean gap over the median rank's (1.4 for a rank whose work takes 40% longer).
+  In lockstep training every rank's step time is the same, so step times cannot say this. The mean is
+  trimmed (the highest and lowest tenth of the pairs, at least one each): a rank stopped for a minute
+  (SIGSTOP, a hang that TrainingStalled pages) or paused once (GC, a save) has one huge gap, and a
+  round samples the last :data:`PAIRS` pairs, so with fewer collectives than that per round the same
+  pair sits in several rounds in a row - untrimmed, it would name the resumed rank a straggler for
+  those rounds. A straggler is slow at every pair, which trimming keeps.
 * **wait** of a rank at N: the latest arrival minus its own. **lag**: the median rank's mean wait
   minus its own (means trimmed of the highest and lowest tenth), i.e. how much later than the median
   rank it arrives at a collective, on average; the others wait about that long for it at each one.
@@ -125,19 +130,21 @@ def payload(
 
 
 def _trimmed_mean(values: list[float]) -> float:
-    """The mean without the highest and lowest tenth (one GC pause must not make a lag); NaN if empty."""
+    """The mean without the highest and lowest tenth, at least one each from three values on (one GC
+    pause or one stop must not make a lag or a straggler); NaN if empty."""
     if not values:
         return math.nan
     ordered = sorted(values)
-    cut = len(ordered) // 10
+    cut = max(1, len(ordered) // 10) if len(ordered) >= 3 else 0
     kept = ordered[cut : len(ordered) - cut]
     return sum(kept) / len(kept)
 
 
 @dataclass(frozen=True)
 class RoundResult:
-    """What one rank takes from a reduced round: its summed gaps (NaN: no score this round), its
-    mean wait (NaN: none), and how many sync-boundary pairs there were (the same on every rank)."""
+    """What one rank takes from a reduced round: its trimmed mean gap (NaN: no score this round), its
+    trimmed mean wait (NaN: none), and how many sync-boundary pairs there were (the same on every
+    rank)."""
 
     gap: float
     wait: float
@@ -162,7 +169,7 @@ def evaluate(
     wait = _trimmed_mean(waits)
     if not gaps:
         return RoundResult(math.nan, wait, 0)
-    total, pairs = 0.0, 0
+    found: list[float] = []
     for j in range(len(seqs) // 2):
         before, after = 2 * j, 2 * j + 1
         if not (valid[before] and valid[after]):
@@ -171,21 +178,21 @@ def evaluate(
         earliest_after = -reduced[4 * after + 1]
         if earliest_after < latest_before - SYNC_TOLERANCE:
             continue  # some rank enqueued N before N-1 could complete: not a sync boundary
-        total += max(0.0, own[after] - latest_before)
-        pairs += 1
-    return RoundResult(total if pairs >= MIN_PAIRS else math.nan, wait, pairs)
+        found.append(max(0.0, own[after] - latest_before))
+    pairs = len(found)
+    return RoundResult(_trimmed_mean(found) if pairs >= MIN_PAIRS else math.nan, wait, pairs)
 
 
 def arrival_scores(
     gaps: Sequence[float], waits: Sequence[float]
 ) -> tuple[list[float | None], list[float | None]]:
-    """Per rank: score (summed gaps over the median rank's) and lag (seconds later than the median
+    """Per rank: score (mean gap over the median rank's) and lag (seconds later than the median
     rank); None where the round gives none (a rank without a result voids the whole round)."""
     scores: list[float | None] = [None] * len(gaps)
     lags: list[float | None] = [None] * len(waits)
     if gaps and all(math.isfinite(g) and g >= 0 for g in gaps):
         reference = statistics.median(gaps)
-        if reference > 1e-4:
+        if reference > 1e-5:  # 10 us of work per pair: below it, no work to compare
             scores = [g / reference for g in gaps]
     if waits and all(math.isfinite(w) for w in waits):
         reference = statistics.median(waits)  # the median rank's mean wait

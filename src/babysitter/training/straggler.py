@@ -73,7 +73,7 @@ _WORK_KEEP = 1024
 #: Arrival results (score, lag) a rank's exported value is the median of.
 _KEEP_RESULTS = 3
 #: Floats of one rank's all_gather row: step median, work median, the round the arrival result comes
-#: from, summed gap, mean wait, that round's completion stamp, and what a recorder dump every round
+#: from, trimmed mean gap, mean wait, that round's completion stamp, and what a recorder dump every round
 #: would cost (dump seconds over seconds per round).
 _ROW = 7
 
