@@ -1,6 +1,6 @@
 """``babysitter remediate`` drains on the fabric's and the host's critical alerts through the existing rails:
 the shipped example policy has a rule for each, and a remediator over it drains the alert's host, with a
-reason naming the port or the PCI address."""
+reason naming the port or the PCI address. The hard GPU faults' alerts have a drain rule too."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from babysitter.generate.alerts import alerts
+from babysitter.generate.alerts.gpu import FATAL
 from babysitter.generate.config import GenerateConfig
 from babysitter.remediate.alerts import parse_notification
 from babysitter.remediate.audit import AuditLog
@@ -40,6 +41,26 @@ def test_every_critical_fabric_and_host_alert_has_a_drain_rule() -> None:
         assert rule is not None and "drain" in rule.actions, a.name
     # Warnings never drain.
     assert policy.rule_for({"alertname": "PcieLinkDowntrained", "instance": "n1:9400"}) is None
+
+
+def test_every_hard_gpu_fault_alert_has_a_drain_rule() -> None:
+    """Xid 79 and the other critical Xids, Xid 48's double-bit ECC error, a failed row remap: the GPU
+    needs a reset (or an RMA) before new work, so the example policy takes its host out. Before, the
+    campaign's Xid 48 got no drain (benchmarks/results/campaign-check-seed3.md: "partial")."""
+    policy = load_policy(REPO / "exporters/remediate-policy.example.yaml")
+    hard = [a for a in alerts(GenerateConfig()) if a.name in FATAL]
+    assert {a.name for a in hard} == set(FATAL)
+    for a in hard:
+        assert a.test is not None
+        for labels in a.test.fire_labels:
+            rule = policy.rule_for({"alertname": a.name, **labels})
+            assert rule is not None and "drain" in rule.actions, (a.name, labels)
+    assert policy.rule_for(
+        {"alertname": "GpuEccUncorrectable", "instance": "n1:9400", "gpu": "0"}
+    ).actions == (  # type: ignore[union-attr]
+        "drain",
+        "requeue",
+    )
 
 
 @pytest.mark.parametrize("fired", CRITICAL, ids=lambda a: a.name)

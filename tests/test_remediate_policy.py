@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -200,3 +201,19 @@ def test_payload_parsing_bounds_and_errors() -> None:
     ]:
         with pytest.raises(PayloadError, match=why):
             parse_notification(bad)
+
+
+def test_the_shipped_remediate_routes_send_every_alert_the_example_policy_acts_on() -> None:
+    """The commented route in exporters/alertmanager.yml and the one docs/remediate.md shows must send
+    the remediator exactly the alerts the example policy has rules for: a rule whose alert is not
+    routed never acts (GpuEccUncorrectable and the fabric's alerts were missing from the first)."""
+    policy = load_policy(REPO / "exporters/remediate-policy.example.yaml")
+    wanted: set[str] = set()
+    for rule in policy.rules:
+        wanted.update(rule.match["alertname"].pattern.split("|"))
+    for path in (REPO / "exporters/alertmanager.yml", REPO / "docs/remediate.md"):
+        routes = re.findall(
+            r"receiver: remediate\n\s*#?\s*matchers: \['alertname=~\"([^\"]+)\"'\]", path.read_text()
+        )
+        assert len(routes) == 1, path
+        assert set(routes[0].split("|")) == wanted, (path, set(routes[0].split("|")) ^ wanted)
