@@ -541,6 +541,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             if logged is not None:
                 out.fault_at[name] = logged
         # Every dashboard query (Grafana reads the central tier), on both engines, once.
+        retry: dict[str, str] = {}
         for board in sorted((generated / "dashboards").glob("*.json")):
             for title, expr in dashboard_exprs(json.loads(board.read_text())):
                 query = substitute_grafana(expr)
@@ -552,6 +553,27 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                     except (AssertionError, OSError) as exc:
                         out.dashboard_errors.append(f"{engine} {board.stem}/{title}: {exc}")
                 out.dashboards[f"{board.stem}/{title}"] = results
+                if results.get("prometheus") and not results.get("victoriametrics"):
+                    retry[f"{board.stem}/{title}"] = query
+        # In one CI run the run overview's "Slowest 5 ranks per run and their GPUs" (on a chain of three
+        # rules: by_gpu <- gpu:info <- excluded) had data on Prometheus and none on VictoriaMetrics at
+        # the instant asked. The likeliest reason (not confirmed): a rule's new series show on
+        # VictoriaMetrics up to VM_NEW_SERIES later, per level of the chain. Such queries are asked
+        # again for that long, and the wait is printed; one still without data fails the test.
+        asked = time.time()
+        while retry and time.time() < asked + 3 * VM_NEW_SERIES + SLACK:
+            time.sleep(1.0)
+            for name, query in list(retry.items()):
+                try:
+                    found = any(math.isfinite(float(s["value"][1])) for s in vm.query(query))
+                except (AssertionError, OSError):
+                    found = False  # the first ask's error, if any, is already in dashboard_errors
+                if found:
+                    out.dashboards[name]["victoriametrics"] = True
+                    print(
+                        f"dashboard query {name}: data on VictoriaMetrics {time.time() - asked:.1f} s later"
+                    )
+                    del retry[name]
         out.vmalert_unhealthy = [
             f"{group['name']}/{rule['name']}: {rule.get('health')} {rule.get('lastError', '')}"
             for group in vmalert.groups()
