@@ -121,6 +121,14 @@ class TestClient:
         assert args.func(args) == 2
         assert "babysitter scorecard:" in capsys.readouterr().err
 
+    @pytest.mark.parametrize("price", ["provider-a=", "cheap", "-1", "inf", "nan"])
+    def test_cli_bad_price_exit_2(self, price: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """A price that is not a finite number >= 0 is a setup error naming it, before any query."""
+        argv = ["scorecard", "--prometheus", "http://127.0.0.1:1", "--price", price]
+        args = build_parser().parse_args(argv)
+        assert args.func(args) == 2
+        assert f"--price {price!r}" in capsys.readouterr().err
+
 
 class TestRender:
     def test_format(self) -> None:
@@ -207,10 +215,19 @@ class TestBackfilledClusters:
     def test_numbers_match_the_simulation(self, backfilled: tuple[str, float, Path], tmp_path: Path) -> None:
         """Each column equals what the simulation put in (counters: within increase()'s extrapolation)."""
         url, end, _ = backfilled
-        card = _card_json(url, end, tmp_path)
+        # A price for one cluster and a default for the others: GPU-hours lost (the ledger's badput,
+        # every cause, times the run's ranks) at each cluster's price.
+        card = _card_json(
+            url, end, tmp_path, "--price", f"{BAD.name}=3.5", "--price", "2", "--currency", "EUR"
+        )
+        assert card["currency"] == "EUR"
         by_name = {c["cluster"]: c for c in card["clusters"]}  # type: ignore[union-attr]
-        for sim in (GOOD, BAD):
+        for sim, price in ((GOOD, 2.0), (BAD, 3.5)):
             got = by_name[sim.name]
+            lost = (1 - sim.goodput) * sim.ranks * DAYS * 24
+            assert got["gpu_hours_lost"] == pytest.approx(lost, rel=0.01)
+            assert got["price_per_gpu_hour"] == price
+            assert got["money_lost"] == pytest.approx(lost * price, rel=0.01)
             assert got["mfu"] == pytest.approx(sim.mfu, rel=1e-3)
             assert got["goodput"] == pytest.approx(sim.goodput, rel=1e-3)
             # GPU time lost to slow steps next to failures, and the slow part by its likely cause: the
@@ -266,3 +283,4 @@ class TestBackfilledClusters:
         out = capsys.readouterr().out
         assert out.index(f"#1 {GOOD.name}") < out.index(f"#2 {BAD.name}")
         assert "reset_gpu" in out
+        assert "GPU-hours lost" in out and "USD lost" not in out  # no --price: no money row

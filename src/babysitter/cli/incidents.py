@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from babysitter.cli._prices import add_price_arguments, parse_prices
 from babysitter.terminal import clean
 
 __all__ = ["register"]
@@ -38,14 +39,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--window", default="7d", help="how far back from --end (a duration: 24h, 7d; default 7d)")
     p.add_argument("--end", type=float, help="end of the window, Unix seconds (default: now)")
     p.add_argument("--cluster", help="only this cluster")
-    p.add_argument(
-        "--price",
-        action="append",
-        default=[],
-        metavar="[CLUSTER=]PRICE",
-        help="price per GPU-hour, for one cluster or (without CLUSTER=) for all (repeatable)",
-    )
-    p.add_argument("--currency", default="USD", help="the prices' currency, as shown (default USD)")
+    add_price_arguments(p)
     p.add_argument("--run-dir", action="append", default=[], type=Path, help="a run directory (repeatable)")
     p.add_argument(
         "--run-dirs",
@@ -90,31 +84,13 @@ def _window(text: str) -> float:
     return seconds
 
 
-def _prices(items: list[str]) -> tuple[dict[str, float], float | None]:
-    prices: dict[str, float] = {}
-    default = None
-    for item in items:
-        name, sep, value = item.rpartition("=")
-        try:
-            price = float(value)
-        except ValueError:
-            raise ValueError(f"--price {item!r}: expected [CLUSTER=]PRICE, e.g. provider-a=2.49") from None
-        if not price >= 0 or price == float("inf"):
-            raise ValueError(f"--price {item!r}: a price is a finite number >= 0")
-        if sep:
-            prices[name] = price
-        else:
-            default = price
-    return prices, default
-
-
 def _main(args: argparse.Namespace) -> int:
     from babysitter.incident.formats import to_csv, to_json, to_markdown
     from babysitter.incident.report import build_report
     from babysitter.prom import PromClient, PromError
 
     try:
-        prices, default = _prices(args.price)
+        prices, default = parse_prices(args.price)
         window = _window(args.window)
         if args.lemon < 1:
             raise ValueError("--lemon: at least 1")

@@ -5,6 +5,7 @@ Examples::
     babysitter scorecard --prometheus http://prometheus:9090 --window 30d
     babysitter scorecard --prometheus http://prometheus:9090 --by provider --mfu-match 'model="llama3-8b"' \\
         --png scorecard.png --json scorecard.json
+    babysitter scorecard --prometheus http://prometheus:9090 --price provider-a=2.49 --price provider-b=3.10
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter import jsonout
+from babysitter.cli._prices import add_price_arguments, parse_prices
 from babysitter.terminal import clean
 
 __all__ = ["register", "run"]
@@ -65,6 +67,7 @@ def register(subparsers: Any) -> None:
         default=None,
         help="seconds for all its queries together (default: twice --timeout)",
     )
+    add_price_arguments(p)
     p.add_argument("--json", metavar="PATH", help="write the scorecard as JSON ('-': stdout, no table)")
     p.add_argument("--png", type=Path, metavar="PATH", help="also write a PNG chart")
     p.set_defaults(func=run)
@@ -77,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from babysitter.views.scorecard import render_png, render_table
 
     try:
+        prices, default_price = parse_prices(args.price)
         deadline = Deadline(args.deadline if args.deadline is not None else 2 * args.timeout)
         client = PromClient(args.prometheus, timeout=args.timeout, deadline=deadline)
         queries = QuerySet(
@@ -92,7 +96,14 @@ def run(args: argparse.Namespace) -> int:
         _err(str(exc))
         return 2
     try:
-        card = build_scorecard(client, queries, at=args.at)
+        card = build_scorecard(
+            client,
+            queries,
+            at=args.at,
+            prices=prices,
+            default_price=default_price,
+            currency=clean(args.currency),
+        )
     except PromError as exc:
         _err(f"{exc}{exc.advice()}")
         return 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -65,6 +66,9 @@ class ClusterScore:
     slowdown_by_cause: dict[str, float] = field(default_factory=dict)
     gpu_hours: float | None = None
     rank_hours: float | None = None
+    #: GPU-hours the runs lost (badput of every cause, by ranks), and what one costs on this cluster.
+    gpu_hours_lost: float | None = None
+    price_per_gpu_hour: float | None = None
     restarts: float | None = None
     interruptions_per_1000_gpu_hours: float | None = None
     xid_by_action: dict[str, float] = field(default_factory=dict)
@@ -84,6 +88,13 @@ class ClusterScore:
         return self.mfu * self.goodput
 
     @property
+    def money_lost(self) -> float | None:
+        """GPU-hours lost x the cluster's price (None without either)."""
+        if self.gpu_hours_lost is None or self.price_per_gpu_hour is None:
+            return None
+        return self.gpu_hours_lost * self.price_per_gpu_hour
+
+    @property
     def xid_per_1000_gpu_hours(self) -> float | None:
         """All Xid errors per 1000 GPU-hours (None without GPU-hours)."""
         if not self.gpu_hours:
@@ -99,6 +110,7 @@ class ClusterScore:
         """JSON-ready, derived columns included."""
         data = asdict(self)
         data["effective_mfu"] = self.effective_mfu
+        data["money_lost"] = self.money_lost
         data["xid_per_1000_gpu_hours"] = self.xid_per_1000_gpu_hours
         return data
 
@@ -113,6 +125,8 @@ class Scorecard:
     clusters: list[ClusterScore]
     queries: dict[str, str] = field(default_factory=dict)
     mfu_match: str = ""
+    #: The currency of the clusters' prices (``money_lost``), as the user named it.
+    currency: str = "USD"
 
     def best(self, key: str) -> str | None:
         """The cluster with the best value of a column, None when no cluster has one."""
@@ -132,6 +146,7 @@ class Scorecard:
             "clusters": [c.to_dict() for c in self.clusters],
             "best": {m.key: self.best(m.key) for m in METRICS},
             "mfu_match": self.mfu_match,
+            "currency": self.currency,
             "queries": self.queries,
         }
 
@@ -157,8 +172,19 @@ def _rank_key(c: ClusterScore) -> tuple[int, float, float, float]:
     )
 
 
-def build_scorecard(client: PromClient, queries: QuerySet, *, at: float | None = None) -> Scorecard:
-    """Query Prometheus and assemble the scorecard; PromError when Prometheus fails a query."""
+def build_scorecard(
+    client: PromClient,
+    queries: QuerySet,
+    *,
+    at: float | None = None,
+    prices: Mapping[str, float] | None = None,
+    default_price: float | None = None,
+    currency: str = "USD",
+) -> Scorecard:
+    """Query Prometheus and assemble the scorecard; PromError when Prometheus fails a query.
+
+    ``prices``: per cluster, what a GPU-hour costs there (``default_price`` for the others; None: no
+    money row for that cluster)."""
     when = time.time() if at is None else at
     label = queries.by
     exprs: dict[str, str] = {
@@ -169,6 +195,7 @@ def build_scorecard(client: PromClient, queries: QuerySet, *, at: float | None =
         "slowdown_by_cause": queries.slowdown_by_cause(),
         "gpu_hours": queries.gpu_hours(),
         "rank_hours": queries.rank_hours(),
+        "gpu_hours_lost": queries.gpu_hours_lost(),
         "restarts": queries.restarts(),
         "xid_errors": queries.xid_errors(),
         "checkpoint_bytes_per_second": queries.checkpoint_bandwidth(),
@@ -200,6 +227,7 @@ def build_scorecard(client: PromClient, queries: QuerySet, *, at: float | None =
         if cluster and share is not None:
             get(cluster).slowdown_by_cause[sample.labels.get("slowdown_cause", "unknown")] = share
     for c in clusters.values():
+        c.price_per_gpu_hour = (prices or {}).get(c.cluster, default_price)
         c.slowdown_by_cause = dict(sorted(c.slowdown_by_cause.items(), key=lambda kv: -kv[1]))
         if c.restarts is not None and c.rank_hours:
             c.interruptions_per_1000_gpu_hours = 1000.0 * c.restarts / c.rank_hours
@@ -217,7 +245,13 @@ def build_scorecard(client: PromClient, queries: QuerySet, *, at: float | None =
     for i, c in enumerate(ordered, start=1):
         c.rank = i
     return Scorecard(
-        by=label, window=queries.window, at=when, clusters=ordered, queries=exprs, mfu_match=queries.mfu_match
+        by=label,
+        window=queries.window,
+        at=when,
+        clusters=ordered,
+        queries=exprs,
+        mfu_match=queries.mfu_match,
+        currency=currency,
     )
 
 

@@ -121,6 +121,11 @@ class QuerySet:
         productive, badput = self.rules.productive_total, self.rules.badput_total
         return f"({self._gpu_seconds(productive)}\n+ {self._gpu_seconds(badput)})"
 
+    def gpu_hours_lost(self) -> str:
+        """GPU-hours the runs lost: their badput of every cause (failures, slow steps, data stalls,
+        checkpoints), weighted by ranks; what the scorecard's money row prices."""
+        return f"({self._gpu_seconds(self.rules.badput_total)}\n/ 3600)"
+
     def slowdown_share(self) -> str:
         """Share of the runs' GPU time lost to slow steps (the ledger's slowdown, weighted by ranks)."""
         return f"{self._gpu_seconds(self.rules.slowdown.slowdown_total)}\n/\n{self._gpu_wall()}"

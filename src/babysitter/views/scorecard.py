@@ -22,6 +22,8 @@ def format_value(value: float | None, unit: str) -> str:
         return f"{value:.2f}"
     if unit == "count":
         return f"{value:.0f}"
+    if unit == "hours":
+        return f"{value:.1f}"
     if unit == "s":
         return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
     for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -71,6 +73,12 @@ def _rows(card: Scorecard) -> list[tuple[str, list[str], str | None]]:
         ("GPU-hours seen by node agents", [format_value(c.gpu_hours, "count") for c in card.clusters], None)
     )
     rows.append(("training rank-hours", [format_value(c.rank_hours, "count") for c in card.clusters], None))
+    if any(c.gpu_hours_lost is not None for c in card.clusters):
+        lost = [format_value(c.gpu_hours_lost, "hours") for c in card.clusters]
+        rows.append(("GPU-hours lost (badput x ranks)", lost, None))
+    if any(c.money_lost is not None for c in card.clusters):
+        money = ["-" if c.money_lost is None else f"{c.money_lost:,.2f}" for c in card.clusters]
+        rows.append((f"{card.currency} lost (at --price per GPU-hour)", money, None))
     return rows
 
 
