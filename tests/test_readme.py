@@ -81,5 +81,6 @@ def test_readme_is_a_five_minute_read_with_one_picture_and_one_example() -> None
     assert (REPO / pictures[0]).stat().st_size < 400_000, "a picture, not a payload"
     assert len(re.findall(r"^```python$", readme, flags=re.MULTILINE)) == 1
     assert len(readme.split()) < 1600, len(readme.split())
+    assert len(readme.splitlines()) <= 150, len(readme.splitlines())  # the first hour: a page, not a manual
     for target in re.findall(r"\]\(((?:docs|exporters|dashboards|alerts)/[^)#]*)", readme):
         assert (REPO / target).exists(), target
