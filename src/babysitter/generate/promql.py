@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from babysitter.catalog import MetricSpec
 
@@ -24,6 +25,7 @@ __all__ = [
     "regex",
     "select",
     "total_growth",
+    "unit_test",
 ]
 
 _RECORD = re.compile(r"^[a-z_]+:[a-z_][a-z0-9_]*:[a-z0-9_]+$")
@@ -149,3 +151,20 @@ def total_growth(selector: str, key: Sequence[str], per: Sequence[str], window: 
 
     now, before = total(selector), total(f"last_over_time({selector}[{memory}] offset {window})")
     return f"(\n  ({now}\n  - {before}) >= 0\n  or ({now} unless {before})\n  or ({now} < {before})\n)"
+
+
+def unit_test(series: Any, cases: Any, *, interval: str = "1m", eval_time: str = "10m") -> dict[str, Any]:
+    """One promtool rule test: input ``(series, values)`` pairs and ``(expr, [(labels, value)])`` cases,
+    every case evaluated at ``eval_time`` (the shape every generated rules test file shares)."""
+    return {
+        "interval": interval,
+        "input_series": [{"series": name, "values": values} for name, values in series],
+        "promql_expr_test": [
+            {
+                "expr": expr,
+                "eval_time": eval_time,
+                "exp_samples": [{"labels": labels, "value": value} for labels, value in samples],
+            }
+            for expr, samples in cases
+        ],
+    }

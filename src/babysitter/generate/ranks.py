@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from babysitter.catalog import node as N
 from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig
-from babysitter.generate.promql import by, eq, record_name, select
+from babysitter.generate.promql import by, eq, record_name, select, unit_test
 
 __all__ = ["RankRecords", "rank_rules", "rank_tests"]
 
@@ -245,15 +245,4 @@ def rank_tests(cfg: GenerateConfig, *, last_step: str, step_baseline: str) -> di
             + [(out(step_baseline, "a3"), 1.0)],
         ),
     ]
-    return {
-        "interval": "1m",
-        "input_series": [{"series": name, "values": values} for name, values in inputs],
-        "promql_expr_test": [
-            {
-                "expr": expr,
-                "eval_time": "10m",
-                "exp_samples": [{"labels": labels, "value": value} for labels, value in samples],
-            }
-            for expr, samples in cases
-        ],
-    }
+    return unit_test(inputs, cases, interval="1m", eval_time="10m")

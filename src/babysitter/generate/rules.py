@@ -35,7 +35,7 @@ from babysitter.catalog import storage as S
 from babysitter.catalog import train as T
 from babysitter.generate.collectives import CollectiveRecords, collective_rules, collective_tests
 from babysitter.generate.config import GenerateConfig, parse_duration
-from babysitter.generate.promql import by, eq, growth, record_name, regex, select, total_growth
+from babysitter.generate.promql import by, eq, growth, record_name, regex, select, total_growth, unit_test
 from babysitter.generate.ranks import RankRecords, rank_rules, rank_tests
 from babysitter.generate.rules_fabric import fabric_rules
 from babysitter.generate.rules_slowdown import SlowdownRecords, slowdown_rules
@@ -1013,18 +1013,7 @@ def recording_tests(cfg: GenerateConfig) -> dict[str, object]:
     return {
         "evaluation_interval": "1m",
         "tests": [
-            {
-                "interval": "1m",
-                "input_series": [{"series": name, "values": values} for name, values in series],
-                "promql_expr_test": [
-                    {
-                        "expr": expr,
-                        "eval_time": at,
-                        "exp_samples": [{"labels": labels, "value": value} for labels, value in samples],
-                    }
-                    for expr, samples in cases
-                ],
-            },
+            unit_test(series, cases, interval="1m", eval_time=at),
             collective_tests(cfg),
             rank_tests(cfg, last_step=r.last_step, step_baseline=r.step_baseline),
         ],
@@ -1089,18 +1078,5 @@ def recording_window_tests(cfg: GenerateConfig) -> dict[str, object]:
     ]
     return {
         "evaluation_interval": "10m",
-        "tests": [
-            {
-                "interval": "10m",
-                "input_series": [{"series": name, "values": values} for name, values in series],
-                "promql_expr_test": [
-                    {
-                        "expr": expr,
-                        "eval_time": "28h",
-                        "exp_samples": [{"labels": labels, "value": value} for labels, value in samples],
-                    }
-                    for expr, samples in cases
-                ],
-            }
-        ],
+        "tests": [unit_test(series, cases, interval="10m", eval_time="28h")],
     }

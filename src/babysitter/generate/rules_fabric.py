@@ -19,7 +19,7 @@ from typing import Protocol
 from babysitter.catalog import fabric as F
 from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig
-from babysitter.generate.promql import by, eq, regex, select
+from babysitter.generate.promql import by, eq, regex, select, unit_test
 
 
 class Records(Protocol):
@@ -226,18 +226,5 @@ def fabric_recording_tests(cfg: GenerateConfig, r: Records) -> dict[str, object]
     ]
     return {
         "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [{"series": name, "values": values} for name, values in series],
-                "promql_expr_test": [
-                    {
-                        "expr": expr,
-                        "eval_time": "10m",
-                        "exp_samples": [{"labels": labels, "value": value} for labels, value in samples],
-                    }
-                    for expr, samples in cases
-                ],
-            }
-        ],
+        "tests": [unit_test(series, cases, interval="1m", eval_time="10m")],
     }

@@ -22,7 +22,7 @@ from babysitter.catalog import node as N
 from babysitter.catalog import runtime as R
 from babysitter.catalog import train as T
 from babysitter.generate.config import GenerateConfig, parse_duration
-from babysitter.generate.promql import by, eq, newest, record_name, regex, select, total_growth
+from babysitter.generate.promql import by, eq, newest, record_name, regex, select, total_growth, unit_test
 from babysitter.ledger.slowdown import TOLERANCE
 
 __all__ = [
@@ -252,18 +252,5 @@ def slowdown_recording_tests(r: _Keys, s: SlowdownRecords) -> dict[str, object]:
     ]
     return {
         "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [{"series": name, "values": values} for name, values in series],
-                "promql_expr_test": [
-                    {
-                        "expr": expr,
-                        "eval_time": "10m",
-                        "exp_samples": [{"labels": labels, "value": value} for labels, value in samples],
-                    }
-                    for expr, samples in cases
-                ],
-            }
-        ],
+        "tests": [unit_test(series, cases, interval="1m", eval_time="10m")],
     }
