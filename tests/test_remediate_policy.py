@@ -43,7 +43,10 @@ def test_example_policy_loads_and_check_prints_it(capsys: pytest.CaptureFixture[
         main(["remediate", "--policy", str(REPO / "exporters/remediate-policy.example.yaml"), "--check"]) == 0
     )
     out = capsys.readouterr().out
-    assert "rule stalled: alertname=~TrainingStalled -> requeue, after 600 s firing" in out
+    assert (
+        "rule stalled: alertname=~TrainingStalled -> drain + requeue, after 120 s firing, dry run, "
+        "on the culprit's host (at most 1; never a waiting rank's)" in out
+    )
 
 
 @pytest.mark.parametrize(
