@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from babysitter.campaign.cluster import campaign_config
+from babysitter.campaign.cluster import campaign_config, pace_policy
 from babysitter.campaign.faults import GREYHOUND, KINDS, LLAMA3, draw_weights, kind
 from babysitter.campaign.rank import Control
 from babysitter.campaign.schedule import Fault, Schedule, Shape, build_schedule, duration, timing_for
@@ -104,6 +104,30 @@ class TestSchedule:
         }
         for name, floor in floors.items():
             assert duration(kind(name), cfg, t) > floor + t.pipeline, name
+
+    @pytest.mark.parametrize("profile", ["fast", "default"])
+    def test_a_hang_is_held_until_the_example_policy_would_act(self, profile: str) -> None:
+        """A real hang lasts until something acts: the campaign holds it past its page for as long as
+        the example policy's stall rule waits at the profile's pace, so that its remedy can be graded."""
+        import yaml
+
+        cfg, t = campaign_config(profile), timing_for(profile)
+        policy = yaml.safe_load(
+            (Path(__file__).parents[1] / "exporters/remediate-policy.example.yaml").read_text()
+        )
+        pace_policy(policy, t.policy_scale)
+        stall = [r for r in policy["rules"] if "TrainingStalled" in r["match"]["alertname"]]
+        assert len(stall) == 1 and parse_duration(stall[0]["firing_for"]) == t.hang_hold
+        page = (
+            max(cfg.stall_min_seconds, cfg.stall_step_factor * t.step_seconds)
+            + parse_duration(cfg.culprit_silent_for)
+            + t.pipeline
+        )
+        assert duration(kind("hang"), cfg, t) >= page + t.hang_hold
+        # Every other wait is paced alike; a policy without firing_for is left as it is.
+        paced = {"rules": [{"firing_for": "1m"}, {"actions": ["drain"]}]}
+        pace_policy(paced, 1 / 12)
+        assert paced == {"rules": [{"firing_for": "5s"}, {"actions": ["drain"]}]}
 
     def test_draws_follow_the_published_weights(self) -> None:
         """4,000 draws by Llama 3's counts land within 2.5 points of each kind's share."""
@@ -262,6 +286,26 @@ class TestScore:
         pages = [_page(210.0, "GpuDown", instance="h1:9", gpu="0")]
         s = score(self.SCHEDULE, pages, 0.0, culprits=self.CULPRITS)
         assert s.faults[1].left_over == ("GpuDown",) and s.faults[1].wrong_place == ()
+
+    def test_an_alert_still_firing_when_the_fault_began_and_sent_again_is_resent(self) -> None:
+        """Seed 1: InfinibandSymbolErrors (a one-hour budget) still fired from its fault when
+        Prometheus was restarted; Alertmanager resolved it meanwhile and it fired again, inside the
+        restart's window, where it was counted as naming a place no fault touched. Sent again, it is
+        "resent"; the same alert begun in the window, or fired and resolved before it, is not."""
+        port = {"instance": "h1:9", "device": "mlx5_1", "port": "1"}
+        pages = [
+            _page(110.0, "InfinibandSymbolErrors", "chat", **port),
+            _page(402.0, "InfinibandSymbolErrors", "chat", status="resolved", **port),
+            _page(440.0, "InfinibandSymbolErrors", "chat", **port),
+        ]
+        edac = score(self.SCHEDULE, pages, 0.0, culprits=self.CULPRITS).faults[3]
+        assert (edac.resent, edac.wrong_place, edac.consequences) == (("InfinibandSymbolErrors",), (), ())
+        for before in (
+            pages[2:],
+            [pages[0], _page(150.0, "InfinibandSymbolErrors", "chat", status="resolved", **port), pages[2]],
+        ):
+            edac = score(self.SCHEDULE, before, 0.0, culprits=self.CULPRITS).faults[3]
+            assert (edac.resent, edac.wrong_place) == ((), ("InfinibandSymbolErrors",))
 
     def test_a_stall_page_names_the_culprit_rank_and_host_or_not(self) -> None:
         def stalled(summary: str, hosts: str) -> Page:

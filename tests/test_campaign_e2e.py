@@ -3,8 +3,9 @@
 Real parts: three node agents (simulated GPUs, fake sysfs trees), a three-rank lockstep gloo job
 under torchrun registered on them, Prometheus with the generated fast-profile rules, Alertmanager
 with the shipped routing, ``babysitter remediate --dry-run``; a planned restart or a slow but healthy
-save in the quiet time. It fails when a fault is missed, when a page names the wrong place (or none)
-or when anything pages in healthy time: babysitter.campaign.score grades it, and its table is the
+save in the quiet time. It fails when a fault is missed, when a page names the wrong place (or none),
+when anything pages in healthy time, when a fault pages more than once or the remediator would have
+done the wrong thing: babysitter.campaign.score grades it, and its table is the
 failure message. benchmarks/results/campaign.md has the full campaigns.
 """
 
@@ -43,4 +44,9 @@ def test_a_short_campaign_pages_every_fault_naming_its_place_and_nothing_else(tm
     assert s["detected"] == s["faults"] == len(FAULTS), table
     assert (s["culprit_wrong"], s["culprit_unnamed"]) == (0, 0), table
     assert (s["false_pages"], s["wrong_place"], s["left_over"]) == (0, 0, 0), table
+    # One page per fault (issue 34: at most 1.2 pager notifications per fault), none resolved while
+    # its fault lasts, and what the dry-run remediator planned is what each fault needed: the GPU's
+    # host and the stopped rank's host drained and the job requeued, nothing for the checkpoint.
+    assert s["notifications_per_fault"] <= 1.2 and s["resolved_mid_fault"] == 0, table
+    assert (s["remedy_right"], s["remedy_wrong"]) == (len(FAULTS), 0), table
     print(table)

@@ -284,3 +284,62 @@ def test_hf_trainer_with_a_nanogpt_style_config_exports_flops_and_mfu(
     mfu = sample_value(reg, T.MFU.name)
     assert mfu is not None and mfu > 0
     assert _babysitter_warnings(caplog) == []
+
+
+class OpaqueConfig(PretrainedConfig):
+    """A Hugging Face config that says nothing of the model's shape."""
+
+    model_type = "opaque-hf"
+
+
+class OpaqueForCausalLM(PreTrainedModel):
+    """A PreTrainedModel whose FLOPs cannot be counted: attention of a width nowhere to be read."""
+
+    config_class = OpaqueConfig
+
+    def __init__(self, config: OpaqueConfig) -> None:
+        super().__init__(config)
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(CFG.vocab_size, 16)
+        self.attn = _OpaqueAttention(16)
+        self.head = nn.Linear(16, CFG.vocab_size)
+
+    def forward(
+        self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **kwargs: Any
+    ) -> dict[str, torch.Tensor | None]:
+        logits = self.head(self.attn(self.embed(input_ids)))
+        loss = None if labels is None else nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        return {"loss": loss, "logits": logits}
+
+
+def test_hf_trainer_without_flops_says_so_once_and_trains_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the Lightning callback: a model whose FLOPs cannot be counted trains, its tokens counted, with
+    one warning naming the argument that fixes it, and no FLOPs or MFU made up."""
+    caplog.set_level(logging.WARNING)
+    callback = HFBabysitter(
+        run="hf-opaque", port=-1, peak_flops=PEAK, hang_timeout=None, straggler_every=None
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=B,
+        max_steps=3,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        save_strategy="no",
+    )
+    Trainer(
+        model=OpaqueForCausalLM(OpaqueConfig()), args=args, train_dataset=_Rows(3), callbacks=[callback]
+    ).train()
+    reg = callback.tracker.registry  # type: ignore[union-attr]
+    assert sample_value(reg, T.TOKENS.name) == 3 * B * SEQ
+    assert not sample_value(reg, T.MODEL_FLOPS.name)
+    assert sample_value(reg, T.MFU.name) is None
+    said = _babysitter_warnings(caplog)
+    assert len(said) == 1, said
+    assert "no FLOPs per token" in said[0] and "Pass flops_per_token=" in said[0], said

@@ -31,26 +31,28 @@ HOLDERS = {"r7": ["n1:9400", "n7:9400", "n8:9400"]}
 
 
 def _policy(tmp: Path, *, url: bool = True, **rule: Any) -> Any:
-    return parse_policy(
-        {
-            "backend": "slurm",
-            "audit_log": str(tmp / "audit.jsonl"),
-            **({"jobs": {"prometheus_url": "http://127.0.0.1:9"}} if url else {}),
-            "rails": {
-                "rate_limit": {"actions": 10, "window": "10m"},
-                "drain_cap": {"fraction": 0.5, "window": "1h"},
-            },
-            "rules": [
-                {
-                    "name": "stalled",
-                    "match": {"alertname": "TrainingStalled"},
-                    "actions": ["drain"],
-                    "hosts_from": "culprit",
-                    **rule,
-                }
-            ],
-        }
-    )
+    return parse_policy(_policy_doc(tmp, url=url, **rule))
+
+
+def _policy_doc(tmp: Path, *, url: bool = True, **rule: Any) -> dict[str, Any]:
+    return {
+        "backend": "slurm",
+        "audit_log": str(tmp / "audit.jsonl"),
+        **({"jobs": {"prometheus_url": "http://127.0.0.1:9"}} if url else {}),
+        "rails": {
+            "rate_limit": {"actions": 10, "window": "10m"},
+            "drain_cap": {"fraction": 0.5, "window": "1h"},
+        },
+        "rules": [
+            {
+                "name": "stalled",
+                "match": {"alertname": "TrainingStalled"},
+                "actions": ["drain"],
+                "hosts_from": "culprit",
+                **rule,
+            }
+        ],
+    }
 
 
 def _stall(hosts: str, **labels: str) -> dict[str, Any]:
@@ -112,6 +114,41 @@ def test_the_schedulers_view_of_the_runs_jobs_must_hold_the_host_too(tmp_path: P
             "hold n1, n7",
         )
     ]
+
+
+def test_a_policy_that_says_not_to_ask_the_scheduler_checks_the_job_map_alone(tmp_path: Path) -> None:
+    """``jobs.ask_scheduler: false`` (the campaign's and the demo's dry runs, which have no scheduler
+    commands): the job map's hosts decide, the scheduler is never asked; a stranger's host is still
+    refused. With the scheduler asked and unable to answer, the drain is refused."""
+    backend = RecordingBackend(NODES, jobs={"n1": ["12"]})  # the scheduler would say n7 is not job 12's
+    jobmap = FakeJobMap(HOLDERS, jobs={"r7": ["12"]})
+    remediator = Remediator(
+        parse_policy(
+            {
+                **_policy_doc(tmp_path),
+                "jobs": {"prometheus_url": "http://127.0.0.1:9", "ask_scheduler": False},
+            }
+        ),
+        backend,
+        AuditLog(tmp_path / "audit.jsonl"),
+        jobmap=jobmap,
+        force_dry_run=True,
+    )
+    remediator.handle(parse_notification(payload(_stall("n7:9400"))))
+    remediator.handle(parse_notification(payload(_stall("n9:9400", fingerprint="b"))))
+    records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert backend.calls == [("drain", "n7", True)]
+    (done,) = [r for r in records if r.get("event") == "action"]
+    assert done["checked"] == (
+        "its ranks report from n1, n7, n8 (the scheduler not asked: jobs.ask_scheduler is false)"
+    )
+    assert [(host, reason) for host, reason, _ in _refused(records)] == [("n9", "not_in_run")]
+    # Asked (the default), the same scheduler says job 12 holds n1 only: n7 is refused.
+    (tmp_path / "audit.jsonl").unlink()
+    _, records = _handle(
+        tmp_path, _stall("n7:9400", fingerprint="c"), RecordingBackend(NODES, jobs={"n1": ["12"]}), jobmap
+    )
+    assert [(host, reason) for host, reason, _ in _refused(records)] == [("n7", "not_in_run")]
 
 
 def test_a_job_label_on_the_alert_names_the_job_to_check(tmp_path: Path) -> None:

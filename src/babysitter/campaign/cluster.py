@@ -42,25 +42,45 @@ from babysitter.demo.pager import Page, PagerServer
 from babysitter.demo.remediation import AuditTail, start_dry_run, write_job_map
 from babysitter.demo.routing import demo_alertmanager_config, load_routing, shipped_routing
 from babysitter.demo.stack import Stack, StackError, find_binaries, wait_ready, write_json
-from babysitter.generate.config import GenerateConfig
+from babysitter.generate.config import GenerateConfig, parse_duration
 
-__all__ = ["CLUSTER", "JOB_ID", "RUN", "Cluster", "ClusterOptions", "SimHost", "campaign_config"]
+__all__ = [
+    "CLUSTER",
+    "JOB_ID",
+    "RUN",
+    "Cluster",
+    "ClusterOptions",
+    "SimHost",
+    "campaign_config",
+    "pace_policy",
+]
 
 CLUSTER = "campaign"
 RUN = "campaign"
 #: The Slurm job id the campaign's job stands for (the node agents' job maps).
 JOB_ID = "4242"
+#: How many checkpoints the job keeps; the sentinel verifies as many (a corrupt one pages until the job
+#: deletes it: with the default 3 and the fast profile's save every 15 s, it aged out of the sentinel's
+#: view within 30 s, in the middle of the fault).
+KEEP = 5
 _REPO = Path(__file__).resolve().parents[3]
 
 
 def campaign_config(profile: str) -> GenerateConfig:
     """The rules a campaign generates: ``fast`` or the shipped ``default``. The fast profile's slow-save
     alert fires at a 6 s mean save over a minute (a CPU job's saves take milliseconds; its production
-    threshold is a 10-minute mean)."""
+    threshold is a 10-minute mean). Its goodput warning waits for 75 s of a run's wall time, an eighth
+    of its 10-minute window as the shipped 3 h are of 24 h (the demo's 30 s warned about the start
+    of the seed-1 campaign)."""
     from babysitter.generate.config import fast
 
     if profile == "fast":
-        return replace(fast(), checkpoint_save_slow_seconds=6.0, checkpoint_slow_window="1m")
+        return replace(
+            fast(),
+            checkpoint_save_slow_seconds=6.0,
+            checkpoint_slow_window="1m",
+            goodput_min_wall_seconds=75,
+        )
     if profile == "default":
         return GenerateConfig()
     raise ValueError(f"profile is fast or default, got {profile!r}")
@@ -109,6 +129,18 @@ def _port_on(ip: str) -> int:
     with socket.socket() as sock:
         sock.bind((ip, 0))
         return int(sock.getsockname()[1])
+
+
+def pace_policy(policy: dict[str, Any], scale: float) -> None:
+    """A remediate policy's waits (each rule's ``firing_for``) at a profile's pace, in place: at the
+    fast profile, where a GPU down for 1m pages after 5 s, a stall rule's 2 minutes are 10 s
+    (:attr:`Timing.policy_scale`)."""
+    if scale == 1:
+        return
+    for rule in policy.get("rules") or ():
+        if isinstance(rule, dict) and rule.get("firing_for") is not None:
+            seconds = parse_duration(str(rule["firing_for"])) * scale
+            rule["firing_for"] = f"{max(round(seconds), 1)}s"
 
 
 class Cluster:
@@ -359,6 +391,7 @@ class Cluster:
         policy["hosts"] = {"label": "instance", "pattern": r"([^:]+):\d+"}
         policy["jobs"] = {"prometheus_url": self.prometheus_url, "timeout": "5s", "ask_scheduler": False}
         policy.pop("allow", None)
+        pace_policy(policy, self.timing.policy_scale)
         # The example's rails are for a real cluster (5% of its nodes an hour): three simulated hosts
         # with a fault every few minutes would hit them at the second fault. Widened, so the campaign
         # grades the rules' choices; the rails have tests of their own. The rate window is also how
@@ -423,6 +456,7 @@ class Cluster:
         ]  # fmt: skip
         if host.index == 0:  # the run directory's host: the sentinel and the storage probe
             argv += ["--checkpoint-run-dir", str(self.run_dir), "--storage-path", str(self.run_dir)]
+            argv += ["--checkpoint-keep-last", str(KEEP)]
         if t.profile == "fast":
             argv += [
                 "--trainer-timeout",
@@ -467,7 +501,7 @@ class Cluster:
             "step_seconds": t.step_seconds,
             "jitter": t.jitter,
             "checkpoint_every": t.checkpoint_every,
-            "keep": 5,
+            "keep": KEEP,
             "straggler_every": 5,
             "replica_check_every": 20,
             "hang_floor": 300.0 if t.profile == "default" else 5.0,

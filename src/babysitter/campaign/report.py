@@ -109,6 +109,7 @@ def fault_table(campaign: Mapping[str, Any]) -> list[str]:
             *f["consequences"],
             *(f"{n} (wrong place)" for n in f["wrong_place"]),
             *(f"{n} (left over)" for n in f["left_over"]),
+            *(f"{n} (still firing, sent again)" for n in f.get("resent", ())),
         ]
         pages = f"{f['pager_notifications']}" + (
             f" ({f['resolved_mid_fault']} resolved early)" if f["resolved_mid_fault"] else ""

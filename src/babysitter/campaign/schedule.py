@@ -80,6 +80,13 @@ class Timing:
     checkpoint_every: float
     #: How much longer than its windows and the pipeline a fault lasts.
     margin: float = 20.0
+    #: A remediate policy's ``firing_for`` is played times this: the fast profile's windows are about
+    #: a twelfth of the shipped ones (a GPU down for 1m pages at 5s there).
+    policy_scale: float = 1.0
+    #: How long a hang is held past its page: a real hang lasts until something acts, and the example
+    #: policy's stall rule acts once TrainingStalled has fired for 2 minutes (times ``policy_scale``).
+    #: tests/test_campaign_schedule.py holds the two together.
+    hang_hold: float = 120.0
 
     @property
     def pipeline(self) -> float:
@@ -115,6 +122,8 @@ def timing_for(profile: str) -> Timing:
             step_seconds=0.3,
             jitter=0.1,
             checkpoint_every=15.0,
+            policy_scale=1 / 12,
+            hang_hold=10.0,
         )
     if profile == "default":
         return Timing(
@@ -162,7 +171,10 @@ def duration(k: Kind, cfg: GenerateConfig, t: Timing) -> float:
         "symbol_errors": 3 * t.scrape + chat,
         "edac_ue": p,
         "straggler": _s(cfg.straggler_for) + _s(cfg.rate_window) + chat + 10 * step,
-        "hang": max(cfg.stall_min_seconds, cfg.stall_step_factor * step) + _s(cfg.culprit_silent_for) + p,
+        "hang": max(cfg.stall_min_seconds, cfg.stall_step_factor * step)
+        + _s(cfg.culprit_silent_for)
+        + p
+        + t.hang_hold,
         "crash": t.agent_pass + chat,
         "slow_input": _s(cfg.mfu_drop_for) + _s(cfg.rate_window) + chat,
         "slow_storage": _s(cfg.checkpoint_slow_window) / 2 + 2 * t.checkpoint_every + chat,

@@ -13,7 +13,8 @@ Per fault (its window: from its start until it was cleared and settled):
   fault was cleared (a resolve in the middle of a fault); chat notifications apart;
 * **others**: the other alerts that notified in the window, each either about the fault's place or
   run (a consequence) or about a place no fault touched (**wrong place**, a false page), or about the
-  place of the fault before (**left over**);
+  place of the fault before (**left over**); an alert already firing when the window opened and
+  notified again in it (a Prometheus restart re-sends what is still true) is **resent**, apart;
 * **remediation**: what ``babysitter remediate --dry-run`` planned in the window, against the kind's
   remedy (drain the culprit's host, requeue the job, or nothing).
 
@@ -77,6 +78,10 @@ class FaultScore:
     remedy_expected: str
     remedy_planned: tuple[str, ...]
     remedy: str
+    #: Alerts already firing when the fault began, notified again in its window (Alertmanager resolved
+    #: them while Prometheus was down, and they fired again when it came back): still true, about an
+    #: earlier fault, neither a consequence nor a wrong place.
+    resent: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """Its JSON form."""
@@ -130,11 +135,25 @@ def _transitions(pages: Sequence[Page]) -> list[Page]:
     state: dict[tuple[str, str, tuple[tuple[str, str], ...]], str] = {}
     out = []
     for page in pages:
-        key = (page.receiver, page.name, tuple(sorted(page.labels.items())))
+        key = _series(page)
         if state.get(key, "resolved") != page.status:
             out.append(page)
         state[key] = page.status
     return out
+
+
+def _series(page: Page) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    return (page.receiver, page.name, tuple(sorted(page.labels.items())))
+
+
+def _firing_at(alerts: Sequence[Page], t: float) -> set[tuple[str, str, tuple[tuple[str, str], ...]]]:
+    """The alerts (per receiver, with their labels) whose last transition before ``t`` was firing."""
+    state: dict[tuple[str, str, tuple[tuple[str, str], ...]], str] = {}
+    for page in alerts:
+        if page.received >= t:
+            break
+        state[_series(page)] = page.status
+    return {key for key, status in state.items() if status == "firing"}
 
 
 def _is_pager(receiver: str) -> bool:
@@ -296,7 +315,9 @@ def score(
             and p.name in k.alerts
         }
         chat_ids = {p.notification for p in firing if p.receiver == "chat"}
-        others = [p for p in firing if p.name not in k.alerts]
+        carried = _firing_at(alerts, lo)
+        resent = sorted({p.name for p in firing if p.name not in k.alerts and _series(p) in carried})
+        others = [p for p in firing if p.name not in k.alerts and _series(p) not in carried]
         wrong = sorted(
             {
                 p.name
@@ -337,6 +358,7 @@ def score(
                 remedy_expected=k.remedy,
                 remedy_planned=planned,
                 remedy=remedy,
+                resent=tuple(resent),
             )
         )
     healthy = [

@@ -264,7 +264,8 @@ class Remediator:
         Prometheus (the job map) gives the hosts serving the ranks that speak for the run (never a rank
         past the world size its rank 0 declares, nor one two hosts claim: ``generate/ranks.py``); where
         the run's jobs are known (a job label on the alert, else the job map's jobs on the run's GPUs)
-        and the scheduler can tell their nodes, a host must be among those too.
+        and the scheduler can tell their nodes, a host must be among those too (unless the policy says
+        not to ask the scheduler: ``jobs.ask_scheduler: false``).
         """
         run = alert.labels.get("run")
         if not run:
@@ -286,6 +287,8 @@ class Remediator:
                 jobs, source = [j for j in self.jobmap.jobs_of(run, cluster) if valid_job(j)], "job map"
         except BackendError as exc:
             return None, f"cannot tell run {run}'s jobs: {exc}"
+        if not self.policy.jobs.ask_scheduler:  # the policy says the scheduler is not to be asked
+            return frozenset(hosts), checked + " (the scheduler not asked: jobs.ask_scheduler is false)"
         try:
             nodes = self.backend.nodes_of(jobs) if jobs else None
         except BackendError as exc:

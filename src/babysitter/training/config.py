@@ -218,7 +218,9 @@ def _flops(
 ) -> FlopsChoice:
     from babysitter import flops as flops_mod
 
-    if flops_per_token is None and model is None:
+    # A callback that already tried the model and said why it gives no FLOPs passes the model on for
+    # its other uses (the device, the layout): it is not asked again, which would raise.
+    if flops_per_token is None and (model is None or _MISSING_FLOPS_SAID.get()):
         if not _MISSING_FLOPS_SAID.get():
             log.warning(
                 "babysitter: no FLOPs per token, so train_model_flops_total and MFU are not reported: pass "
