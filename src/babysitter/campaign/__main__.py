@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import shlex
 import signal
 import sys
@@ -133,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
+    started = datetime.datetime.now(datetime.timezone.utc)
     try:
         outcome = play(options, schedule, timing, say=_out)
     except StackError as exc:
@@ -143,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     label = args.label or f"seed {args.seed}, {args.profile} profile"
     data = to_json(outcome, label=label)
+    # What benchmarks/campaign.py records beside each campaign (--add): when, and how busy the machine was.
+    data["started"] = started.strftime("%Y-%m-%d %H:%M UTC")
+    data["load_average"] = os.getloadavg()[0]
+    data["workdir"] = str(workdir)
     if args.json:
         args.json.write_text(json.dumps(data, indent=1) + "\n")
     text = markdown([data], command="python -m babysitter.campaign " + shlex.join(argv or sys.argv[1:]))
