@@ -76,7 +76,7 @@ generate-check: env
 # A process the tests started that outlives them fails the run, named (tests/leftover_check.py).
 PYTEST_WORKERS ?= 3
 pytest: env system-packages
-	$(BIN)/pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder
+	$(BIN)/pytest -q --durations=60 -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test: lint typecheck generate-check pytest
 
