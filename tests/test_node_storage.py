@@ -118,7 +118,13 @@ class TestCollector:
         # the directory appears (mounted late): it recovers, with one more line
         with caplog.at_level(logging.INFO, logger="babysitter.node.storage.probe"):
             gone.mkdir()
-            wait_for(lambda: scrape(c).value(S.STORAGE_PROBE_UP.name, path=str(gone)) == 1)
+            # The probe thread sets the gauge, then logs: wait for both (CI r14 read the gauge between).
+            wait_for(
+                lambda: (
+                    scrape(c).value(S.STORAGE_PROBE_UP.name, path=str(gone)) == 1
+                    and any("works again" in r.getMessage() for r in caplog.records)
+                )
+            )
         assert sum("works again" in r.getMessage() for r in caplog.records) == 1
         c.close()  # the probes run every 50 ms: one may be between its write and its unlink
         assert os.listdir(good) == []
