@@ -255,13 +255,8 @@ class _Rows(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return self.rows[i]
 
 
-def test_hf_trainer_with_a_nanogpt_style_config_exports_flops_and_mfu(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.WARNING)
-    callback = HFBabysitter(
-        run="hf-nanogpt", port=-1, peak_flops=PEAK, hang_timeout=None, straggler_every=None
-    )
+def _hf_fit(tmp_path: Path, model: PreTrainedModel, callback: HFBabysitter) -> None:
+    """Three steps of the Hugging Face Trainer on CPU, logging every step, saving nothing."""
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"),
         per_device_train_batch_size=B,
@@ -274,9 +269,17 @@ def test_hf_trainer_with_a_nanogpt_style_config_exports_flops_and_mfu(
         disable_tqdm=True,
         save_strategy="no",
     )
-    Trainer(
-        model=NanoGPTForCausalLM(NanoGPTConfig()), args=args, train_dataset=_Rows(3), callbacks=[callback]
-    ).train()
+    Trainer(model=model, args=args, train_dataset=_Rows(3), callbacks=[callback]).train()
+
+
+def test_hf_trainer_with_a_nanogpt_style_config_exports_flops_and_mfu(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    callback = HFBabysitter(
+        run="hf-nanogpt", port=-1, peak_flops=PEAK, hang_timeout=None, straggler_every=None
+    )
+    _hf_fit(tmp_path, NanoGPTForCausalLM(NanoGPTConfig()), callback)
     reg = callback.tracker.registry  # type: ignore[union-attr]
     tokens = 3 * B * SEQ
     assert sample_value(reg, T.TOKENS.name) == tokens
@@ -321,21 +324,7 @@ def test_hf_trainer_without_flops_says_so_once_and_trains_on(
     callback = HFBabysitter(
         run="hf-opaque", port=-1, peak_flops=PEAK, hang_timeout=None, straggler_every=None
     )
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=B,
-        max_steps=3,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        save_strategy="no",
-    )
-    Trainer(
-        model=OpaqueForCausalLM(OpaqueConfig()), args=args, train_dataset=_Rows(3), callbacks=[callback]
-    ).train()
+    _hf_fit(tmp_path, OpaqueForCausalLM(OpaqueConfig()), callback)
     reg = callback.tracker.registry  # type: ignore[union-attr]
     assert sample_value(reg, T.TOKENS.name) == 3 * B * SEQ
     assert not sample_value(reg, T.MODEL_FLOPS.name)
