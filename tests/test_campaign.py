@@ -138,6 +138,39 @@ class TestSchedule:
             assert abs(drawn[name] / 4000 - share) < 0.025, (name, drawn[name], share)
         assert sum(drawn.values()) == 4000
 
+    @pytest.mark.parametrize("profile", ["fast", "default"])
+    def test_noise_is_over_before_the_next_fault(self, profile: str) -> None:
+        """Shipped seed 2 played a NaN loss inside a 300 s healthy save: no step ran, so no NaN either,
+        and the fault was scored missed without having been played."""
+        t, cfg = timing_for(profile), campaign_config(profile)
+        gap = t.pipeline  # a scrape, an evaluation and a group_wait: the noise's last effect is seen
+        for seed in range(1, 9):
+            s = build_schedule(seed, cfg, t, Shape())
+            assert any(n.seconds for n in s.noise)
+            for n in s.noise:
+                following = [f.at for f in s.faults if f.at > n.at]
+                if following:
+                    assert n.at + n.seconds + gap <= min(following) + 0.2, (seed, n)
+
+    @pytest.mark.parametrize("profile", ["fast", "default"])
+    def test_a_gpu_that_failed_hard_is_not_hit_again_within_its_alerts_window(self, profile: str) -> None:
+        """Its GpuXidCritical lasts the Xid window and inhibits the next page on the GPU: shipped seed 2
+        lost an Xid 48 to the row-remap failure 6 minutes before on the same GPU. A real cluster has
+        drained that node; the campaign's remediator only plans, so the schedule moves the fault."""
+        t, cfg = timing_for(profile), campaign_config(profile)
+        hold = max(parse_duration(cfg.xid_window), parse_duration(cfg.ecc_window))
+        hard_gpu = [k.name for k in KINDS if k.area == "gpu" and k.nature == "hard"]
+        for seed in range(1, 13):
+            s = build_schedule(seed, cfg, t, Shape(), kinds=hard_gpu * 2)
+            last: dict[int, float] = {}
+            for f in s.faults:
+                host = f.culprit["host"]
+                assert f.culprit["rank"] == host
+                assert f.at - last.get(host, float("-inf")) >= hold or all(
+                    f.at - at < hold for at in last.values()
+                ), (seed, f)
+                last[host] = f.at
+
     def test_culprits_are_places_of_the_cluster(self) -> None:
         shape = Shape(hosts=4, gpus=2)
         s = build_schedule(11, campaign_config("fast"), FAST, shape)
@@ -334,6 +367,56 @@ class TestScore:
             s = score(self.SCHEDULE, [stalled(summary, hosts)], 0.0, culprits=self.CULPRITS)
             assert s.faults[2].culprit_named == verdict, summary
 
+    def test_the_exits_of_a_killed_jobs_other_ranks_are_its_consequence(self) -> None:
+        """Xid 79 killed rank 1 on h1, and torchrun the others: rank 2's exit on h2 is true and about
+        this fault. During a fault that kills no process (EDAC), an exit elsewhere is still wrong."""
+        xid = score(
+            self.SCHEDULE,
+            [_page(110.0, "TrainingProcessExited", "chat", instance="h2:9")],
+            0.0,
+            culprits=self.CULPRITS,
+        ).faults[0]
+        assert (xid.consequences, xid.wrong_place) == (("TrainingProcessExited",), ())
+        edac = score(
+            self.SCHEDULE,
+            [_page(410.0, "TrainingProcessExited", "chat", instance="h9:9")],
+            0.0,
+            culprits=self.CULPRITS,
+        ).faults[3]
+        assert edac.wrong_place == ("TrainingProcessExited",)
+
+    def test_a_notification_sent_after_its_fault_but_begun_in_it_is_late_not_false(self) -> None:
+        """Alertmanager adds a new alert to a group already notified at its group_interval (chat: 5 m):
+        shipped seed 2's exits on a second host arrived after the fault's window. Its startsAt says
+        when it began; begun in healthy time, or about another place, it stays false."""
+        late = Page(
+            175.0,
+            "firing",
+            "TrainingProcessExited",
+            "warning",
+            {"alertname": "TrainingProcessExited", "instance": "h2:9"},
+            receiver="chat",
+            notification=7,
+            starts_at=120.0,
+        )
+        s = score(self.SCHEDULE, [late], 0.0, culprits=self.CULPRITS)
+        assert ([p["t"] for p in s.late], s.false_chat, s.summary["late"]) == ([175.0], (), 1)
+        for other in (
+            Page(**{**late.__dict__, "starts_at": 170.0}),  # began in healthy time
+            Page(**{**late.__dict__, "name": "GpuDown", "labels": {"instance": "h2:9"}}),  # not Xid 79's
+        ):
+            s = score(self.SCHEDULE, [other], 0.0, culprits=self.CULPRITS)
+            assert (s.late, len(s.false_chat)) == ((), 1)
+
+    def test_a_resolved_heartbeat_is_no_heartbeat(self) -> None:
+        """When Prometheus stops, Alertmanager keeps Watchdog until its endsAt and then resolves it; the
+        shipped receiver does not send resolves (send_resolved: false), so the switch hears nothing.
+        Counted as a beat, the resolve at 215 s put the switch's page past the end (shipped seed 2)."""
+        beats = [_page(t, "Watchdog", "deadmansswitch") for t in range(0, 200, 5)]
+        resolved = [_page(215.0, "Watchdog", "deadmansswitch", status="resolved")]
+        s = score(self.SCHEDULE, beats + resolved, 0.0, culprits=self.CULPRITS, switch_period=20.0, end=230.0)
+        assert s.faults[1].consequences == ("DeadMansSwitch",)  # paged at 215 s: 195 s + 20 s
+
     def test_the_switch_pages_when_heartbeats_stop(self) -> None:
         beats = [_page(t, "Watchdog", "deadmansswitch") for t in range(0, 200, 5)]
         beats += [_page(t, "Watchdog", "deadmansswitch") for t in range(240, 500, 5)]
@@ -363,3 +446,25 @@ def test_rank_control_reads_bounded_settings_and_ignores_garbage(tmp_path: Path)
     random.seed(0)
     assert not control.poll(5.0)  # a torn file is skipped, the last good settings stay
     assert control.mine.slow == 50.0
+
+
+def test_a_notifications_alerts_say_when_they_began() -> None:
+    """Alertmanager writes startsAt in RFC 3339 with nanoseconds; the grade reads it (late
+    notifications). An absent, garbled or zero time reads as 0: unknown, never a moment."""
+    from babysitter.demo.pager import parse_notification
+
+    body = {
+        "receiver": "chat",
+        "status": "firing",
+        "alerts": [
+            {"labels": {"alertname": "A"}, "startsAt": "2026-12-03T22:37:38.212345678Z"},
+            {"labels": {"alertname": "B"}, "startsAt": "2026-12-03T23:37:38+01:00"},
+            {"labels": {"alertname": "C"}, "startsAt": "0001-01-01T00:00:00Z"},
+            {"labels": {"alertname": "D"}, "startsAt": "yesterday"},
+            {"labels": {"alertname": "E"}},
+        ],
+    }
+    pages = parse_notification(body, 1.0)
+    assert pages[0].starts_at == pytest.approx(1796337458.212345, abs=1e-6)
+    assert pages[1].starts_at == 1796337458.0
+    assert [p.starts_at for p in pages[2:]] == [0.0, 0.0, 0.0]

@@ -67,6 +67,7 @@ def to_json(outcome: Outcome, *, label: str = "") -> dict[str, Any]:
                 "notification": p.notification,
                 "labels": p.labels,
                 "summary": p.summary,
+                "started": round(p.starts_at - outcome.t0, 2) if p.starts_at else None,
             }
             for p in outcome.pages
         ],
@@ -138,6 +139,7 @@ def summary_lines(campaigns: Sequence[Mapping[str, Any]]) -> list[str]:
         ("false pages per healthy hour", "false_pages_per_healthy_hour"),
         ("false chat notifications", "false_chat"),
         ("chat about a past fault's cost (goodput window)", "hindsight_chat"),
+        ("sent after a fault, begun in it (group_interval)", "late"),
         ("alerts naming a place no fault touched", "wrong_place"),
         ("alerts naming the previous fault's place", "left_over"),
         ("pager notifications per fault", "notifications_per_fault"),
@@ -199,6 +201,10 @@ def markdown(campaigns: Sequence[Mapping[str, Any]], *, command: str = "") -> st
         if after:
             out += ["", "In healthy time about a fault inside the alert's window (not counted as false):", ""]
             out += [f"- {p['t']} s: {p['alert']} to {p['receiver']}" for p in after]
+        late = score.get("late") or []
+        if late:
+            out += ["", "Sent in healthy time, begun in a fault and about it (not counted as false):", ""]
+            out += [f"- {p['t']} s: {p['alert']} to {p['receiver']}" for p in late]
     if command:
         out += ["", f"Command: `{command}`"]
     return "\n".join(out) + "\n"

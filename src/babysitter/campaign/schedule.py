@@ -184,7 +184,10 @@ def duration(k: Kind, cfg: GenerateConfig, t: Timing) -> float:
         "diverged": 40 * step + p,
         "agent_killed": _s(cfg.target_down_for) + p,
         "alertmanager_down": t.switch_period + t.heartbeat,
-        "prometheus_down": t.switch_period + t.heartbeat,
+        # Alertmanager keeps a silent Prometheus's alerts, Watchdog too, until their endsAt: 4 times
+        # the resend delay or the group's interval (Prometheus's rule manager), so the heartbeats go
+        # on that long before the switch's period starts to run.
+        "prometheus_down": 4 * max(t.evaluation, t.slow_eval) + t.switch_period + t.heartbeat,
     }
     return round(by_kind[k.name] + margin, 1)
 
@@ -299,21 +302,50 @@ def build_schedule(
                 order.insert(rng.randrange(len(order) + 1), kind(name))
     faults, noises = [], []
     now = t.warmup
+    #: When each host's GPU last failed hard: its GpuXidCritical or GpuEccUncorrectable lasts their
+    #: window, and inhibits the next hard fault's page on the same GPU (one page per fault).
+    gpu_hit: dict[int, float] = {}
+    hold = max(_s(cfg.xid_window), _s(cfg.ecc_window))
     for number, k in enumerate(order):
         seconds = duration(k, cfg, t)
         culprit = _culprit(k, rng, shape)
+        if k.area == "gpu" and k.nature == "hard":
+            culprit = _spare_gpu(culprit, gpu_hit, now - hold, shape)
+            gpu_hit[int(culprit["host"])] = now
         until = now + seconds + t.settle
         faults.append(Fault(k.name, round(now, 1), seconds, culprit, round(until, 1)))
         quiet = rng.uniform(*t.quiet)
+        next_at = until + quiet
         if (noise and number < len(order) - 1) or (noise and len(order) == 1):
             # A restart needs the quiet stretch to itself: its stop, the scheduler's delay and the
             # ranks' start (about 30 s on two loaded cores) must be over before the next fault.
             fits = NOISE if quiet >= t.restart_delay + 35.0 else tuple(n for n in NOISE if n != "restart")
             what = fits[rng.randrange(len(fits))]
             at = until + (1.0 if what == "restart" else quiet / 3)
-            noises.append(Noise(what, round(at, 1), _noise_seconds(what, cfg, t)))
-        now = until + quiet
+            lasts = _noise_seconds(what, cfg, t)
+            noises.append(Noise(what, round(at, 1), lasts))
+            # The noise is over before the next fault: a fault played in a 300 s save (shipped seed 2:
+            # a NaN loss while no step ran) was never played at all.
+            next_at = max(next_at, at + lasts + t.pipeline)
+        now = next_at
     return Schedule(seed, t.profile, shape, tuple(faults), tuple(noises), round(now, 1))
+
+
+def _spare_gpu(culprit: dict[str, Any], hit: dict[int, float], since: float, shape: Shape) -> dict[str, Any]:
+    """``culprit`` moved to the next host whose GPU has not failed hard since ``since``, where there is
+    one. The GPU that just failed would be drained and repaired on a real cluster (the campaign's
+    remediator only plans); a second fault on it within its alerts' window is folded into the first
+    page by the inhibit rules (shipped seed 2 lost an Xid 48 to the row-remap failure 6 minutes
+    before it, on the same GPU)."""
+    host = int(culprit["host"])
+    for step in range(shape.hosts):
+        candidate = (host + step) % shape.hosts
+        if hit.get(candidate, float("-inf")) < since:
+            moved = dict(culprit, host=candidate)
+            if "rank" in moved:
+                moved["rank"] = candidate
+            return moved
+    return culprit
 
 
 def _noise_seconds(what: str, cfg: GenerateConfig, t: Timing) -> float:

@@ -48,6 +48,8 @@ __all__ = [
 #: The always-firing alert the dead man's switch listens for, and the page the switch sends.
 HEARTBEAT = "Watchdog"
 SWITCH = "DeadMansSwitch"
+#: A training process gone without closing its tracker: every rank of a job a fault killed.
+EXITED = "TrainingProcessExited"
 #: Labels that name a place (a page naming another value of one of them is about another place).
 _PLACE = ("instance", "gpu", "device", "port", "pci_address", "controller", "rank")
 
@@ -100,6 +102,9 @@ class Score:
     #: Notifications in healthy time of an alert that looks back (``hindsight``) at a fault inside
     #: its window: true statements about the past, not false alarms, counted apart.
     hindsight_chat: tuple[dict[str, Any], ...] = ()
+    #: Notifications in healthy time of an alert that began firing in a fault, about that fault
+    #: (its place, or the exit of a rank it killed): late news of it, not false alarms, counted apart.
+    late: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """Its JSON form."""
@@ -110,6 +115,7 @@ class Score:
             "false_pages": list(self.false_pages),
             "false_chat": list(self.false_chat),
             "hindsight_chat": list(self.hindsight_chat),
+            "late": list(self.late),
         }
 
 
@@ -217,6 +223,15 @@ def _about(page: Page, culprit: Mapping[str, Any]) -> bool:
     return True  # a run-level or cluster-level alert: a consequence of whatever happened
 
 
+def _belongs(page: Page, k: Kind, culprit: Mapping[str, Any]) -> bool:
+    """Whether ``page`` is about fault ``k``: at its place, one of its related alerts, or the exit of
+    any rank of a job the fault killed (torchrun stops the others; a rank stuck in a collective dies
+    without closing its tracker, and says so truly, naming its own host)."""
+    if _about(page, culprit) or page.name in k.related:
+        return True
+    return k.interrupts and page.name == EXITED
+
+
 def _remedy(
     expected: str, records: Sequence[dict[str, Any]], host: str | None
 ) -> tuple[tuple[str, ...], str]:
@@ -281,7 +296,9 @@ def score(
     fault begun within its window before, says something true about that fault's cost: it is counted
     as hindsight, not as a false notification. A page never is."""
     end = t0 + schedule.length if end is None else end
-    beats = [p.received for p in pages if p.name == HEARTBEAT]
+    # A resolved Watchdog is no heartbeat: the shipped receiver has send_resolved: false, and the
+    # resolve means Alertmanager stopped hearing from Prometheus (its endsAt passed).
+    beats = [p.received for p in pages if p.name == HEARTBEAT and p.status == "firing"]
     switch = [
         Page(t, "firing", SWITCH, "critical", {"paged_at": f"{t:.1f}"}, receiver="switch")
         for t in (switch_pages(beats, switch_period, t0 + 30.0, end) if switch_period else [])
@@ -319,18 +336,10 @@ def score(
         resent = sorted({p.name for p in firing if p.name not in k.alerts and _series(p) in carried})
         others = [p for p in firing if p.name not in k.alerts and _series(p) not in carried]
         wrong = sorted(
-            {
-                p.name
-                for p in others
-                if not _about(p, culprit) and not (before and _about(p, before)) and p.name not in k.related
-            }
+            {p.name for p in others if not _belongs(p, k, culprit) and not (before and _about(p, before))}
         )
         left = sorted(
-            {
-                p.name
-                for p in others
-                if before and not _about(p, culprit) and _about(p, before) and p.name not in k.related
-            }
+            {p.name for p in others if before and not _belongs(p, k, culprit) and _about(p, before)}
         )
         consequences = sorted({p.name for p in others} - set(wrong) - set(left))
         records = [r for r in remediations if lo <= float(r.get("t", 0.0)) < hi]
@@ -380,11 +389,24 @@ def score(
         window = looks_back.get(p.name)
         return window is not None and any(p.received - window <= lo < p.received for lo, _ in windows)
 
+    def began_in_fault(p: Page) -> bool:
+        """Sent in healthy time, about a fault it began firing in: Alertmanager added it to a group
+        already notified, and a group waits its group_interval (chat: 5 m) to send what is new."""
+        for index, (lo, hi) in enumerate(windows):
+            if p.starts_at and lo <= p.starts_at < hi:
+                f = schedule.faults[index]
+                return _belongs(p, kind(f.kind), dict(culprits.get(index, f.culprit)))
+        return False
+
+    late = tuple(row(p) for p in healthy if began_in_fault(p))
+    healthy = [p for p in healthy if not began_in_fault(p)]
     false_pages = tuple(row(p) for p in healthy if _is_pager(p.receiver))
     chat = [p for p in healthy if p.receiver == "chat"]
     false_chat = tuple(row(p) for p in chat if not after_fault(p))
     hindsight_chat = tuple(row(p) for p in chat if after_fault(p))
-    result = Score(tuple(scored), round(healthy_seconds, 1), false_pages, false_chat, {}, hindsight_chat)
+    result = Score(
+        tuple(scored), round(healthy_seconds, 1), false_pages, false_chat, {}, hindsight_chat, late
+    )
     return replace(result, summary=_summary(result))
 
 
@@ -432,6 +454,7 @@ def _summary(result: Score) -> dict[str, Any]:
         "false_pages_per_healthy_hour": round(len(result.false_pages) / hours, 2) if hours else None,
         "false_chat": len(result.false_chat),
         "hindsight_chat": len(result.hindsight_chat),
+        "late": len(result.late),
         "wrong_place": sum(len(f.wrong_place) for f in faults),
         "left_over": sum(len(f.left_over) for f in faults),
         "pager_notifications": pager_total,

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -42,6 +44,9 @@ class Page:
     notification: int = 0
     #: The alert's annotations (bounded), for a reader that looks past the summary.
     annotations: dict[str, str] = field(default_factory=dict)
+    #: When the alert started firing (its ``startsAt``, Unix seconds; 0 when absent or unreadable):
+    #: a notification Alertmanager's grouping sends minutes later is still about that moment.
+    starts_at: float = 0.0
 
     def subject(self) -> str:
         """The labels that say what the page is about."""
@@ -73,9 +78,25 @@ def parse_notification(body: object, received: float, notification: int = 0) -> 
                 receiver=receiver,
                 notification=notification,
                 annotations={str(k)[:100]: str(v)[:2000] for k, v in list(annotations.items())[:20]},
+                starts_at=_unix(alert.get("startsAt")),
             )
         )
     return pages
+
+
+def _unix(text: object) -> float:
+    """An RFC 3339 time as Alertmanager writes it (nanoseconds, ``Z``) in Unix seconds; 0.0 if not one."""
+    if not isinstance(text, str):
+        return 0.0
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)", text.strip())
+    if not match:
+        return 0.0
+    whole, fraction, zone = match.groups()
+    try:
+        stamp = datetime.fromisoformat(whole + ("+00:00" if zone == "Z" else zone)).timestamp()
+    except ValueError:
+        return 0.0
+    return max(stamp + (float("0" + fraction) if fraction else 0.0), 0.0)  # Go's zero time: none
 
 
 class PagerServer:

@@ -90,6 +90,7 @@ def monitoring_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
     """The watchdog and the monitoring stack's own failures (see the module docstring)."""
     del r  # no recording rule: these must work when the recording rules are what fails
     ms, c, w, f = cfg.monitoring_selector, cfg.cluster_label, cfg.monitoring_window, cfg.monitoring_for
+    dw = cfg.monitoring_delivery_window
     watchdog = Alert(
         name="Watchdog",
         expr="vector(1)",
@@ -183,7 +184,7 @@ def monitoring_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
     delivery = Alert(
         name="AlertDeliveryFailing",
         expr="\nor\n".join(
-            f"sum by ({c}, instance) (\n  {_grew(_sel(name, ms), w)}\n)"
+            f"sum by ({c}, instance) (\n  {_grew(_sel(name, ms), dw)}\n)"
             for name in (PROM_NOTIFY_ERRORS, PROM_NOTIFY_DROPPED, VM_SEND_ERRORS)
         ),
         severity="critical",
@@ -191,7 +192,7 @@ def monitoring_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
         summary=f"The rule engine at {_l('instance')} fails to hand alerts to Alertmanager.",
         description=(
             f"The rule engine at {_l('instance')} (cluster {_l(c)}) failed to send, or dropped, {_V} alert "
-            f"notifications in the last {w}, and has kept failing for {f}. Pages are being lost: this one "
+            f"notifications in the last {dw}, and has kept failing for {f}. Pages are being lost: this one "
             f"reaches you only through another Alertmanager that still answers, or after the one that "
             f"failed is back. Check that Alertmanager runs and is reachable from the rule engine."
         ),
@@ -218,8 +219,8 @@ def monitoring_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             fire_text=(
                 (
                     "The rule engine at mon1:9090 fails to hand alerts to Alertmanager.",
-                    "The rule engine at mon1:9090 (cluster c1) failed to send, or dropped, 10 alert "
-                    "notifications in the last 5m, and has kept failing for 10m. Pages are being lost: this "
+                    "The rule engine at mon1:9090 (cluster c1) failed to send, or dropped, 4 alert "
+                    "notifications in the last 2m, and has kept failing for 10m. Pages are being lost: this "
                     "one reaches you only through another Alertmanager that still answers, or after the one "
                     "that failed is back. Check that Alertmanager runs and is reachable from the rule "
                     "engine.",
@@ -229,13 +230,13 @@ def monitoring_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
     )
     am_failing = Alert(
         name="AlertmanagerNotificationsFailing",
-        expr=f"sum by ({c}, instance, integration) (\n  {_grew(_sel(AM_NOTIFY_FAILED, ms), w)}\n)",
+        expr=f"sum by ({c}, instance, integration) (\n  {_grew(_sel(AM_NOTIFY_FAILED, ms), dw)}\n)",
         severity="critical",
         component="monitoring",
         summary=f"Alertmanager {_l('instance')} fails to deliver to its {_l('integration')} receivers.",
         description=(
             f"Alertmanager at {_l('instance')} (cluster {_l(c)}) failed {_V} {_l('integration')} "
-            f"notifications in the last {w}, and has kept failing for {f}. Pages to that integration are "
+            f"notifications in the last {dw}, and has kept failing for {f}. Pages to that integration are "
             f"lost; this one goes to every receiver of its route, so one that still works gets it. Its log "
             f"says why (the receiver's URL, credentials, TLS, rate limits)."
         ),
@@ -270,13 +271,13 @@ def monitoring_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
                 (
                     f"Alertmanager {instance} fails to deliver to its {integration} receivers.",
                     f"Alertmanager at {instance} (cluster c1) failed {count} {integration} notifications in "
-                    "the last 5m, and has kept failing for 10m. Pages to that integration are lost; this one "
+                    "the last 2m, and has kept failing for 10m. Pages to that integration are lost; this one "
                     "goes to every receiver of its route, so one that still works gets it. Its log says why "
                     "(the receiver's URL, credentials, TLS, rate limits).",
                 )
                 for instance, integration, count in (
-                    ("mon1:9093", "webhook", 5),
-                    ("mon2:9093", "pagerduty", 10),
+                    ("mon1:9093", "webhook", 2),
+                    ("mon2:9093", "pagerduty", 4),
                 )
             ),
         ),
