@@ -167,7 +167,8 @@ class TestPromtool:
             ("CheckpointIntervalOffAdvice", {"checkpoint_advice_min_gain": 0.004}),  # r3 would fire
             ("CheckpointIntervalOffAdvice", {"checkpoint_advice_factor": 4.0}),  # r4 would not
             ("RuleEvaluationFailing", {"monitoring_for": "20m"}),
-            ("AlertmanagerNotificationsFailing", {"monitoring_window": "1m"}),
+            ("AlertmanagerNotificationsFailing", {"monitoring_delivery_window": "1m"}),
+            ("AlertDeliveryFailing", {"monitoring_delivery_window": "5m"}),  # the shipped campaign's 5m
         ],
     )
     def test_tests_catch_a_changed_rule(self, tmp_path: Path, alert: str, change: dict[str, object]) -> None:
