@@ -401,6 +401,16 @@ class TestScore:
         )
         s = score(self.SCHEDULE, [late], 0.0, culprits=self.CULPRITS)
         assert ([p["t"] for p in s.late], s.false_chat, s.summary["late"]) == ([175.0], (), 1)
+        assert s.faults[0].pager_notifications == 0
+        # Paged late, it is one of the fault's pages (one page per fault), and still no false page.
+        paged = Page(**{**late.__dict__, "receiver": "pager", "notification": 8})
+        s = score(
+            self.SCHEDULE,
+            [_page(103.0, "GpuXidCritical", instance="h1:9", gpu="0"), paged],
+            0.0,
+            culprits=self.CULPRITS,
+        )
+        assert (s.faults[0].pager_notifications, s.false_pages, len(s.late)) == (2, (), 1)
         for other in (
             Page(**{**late.__dict__, "starts_at": 170.0}),  # began in healthy time
             Page(**{**late.__dict__, "name": "GpuDown", "labels": {"instance": "h2:9"}}),  # not Xid 79's

@@ -103,7 +103,8 @@ class Score:
     #: its window: true statements about the past, not false alarms, counted apart.
     hindsight_chat: tuple[dict[str, Any], ...] = ()
     #: Notifications in healthy time of an alert that began firing in a fault, about that fault
-    #: (its place, or the exit of a rank it killed): late news of it, not false alarms, counted apart.
+    #: (its place, or the exit of a rank it killed): late news of it, not false alarms, counted apart
+    #: (a late page counts among its fault's pager notifications too).
     late: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
@@ -307,6 +308,20 @@ def score(
         sorted((p for p in [*pages, *switch] if p.name != HEARTBEAT), key=lambda p: p.received)
     )
     windows = [(t0 + f.at, t0 + (f.until or f.end)) for f in schedule.faults]
+
+    def began_in(p: Page) -> int | None:
+        """The fault a notification sent in healthy time is late news of: its alert began firing (its
+        startsAt) in that fault's window and is about it. Alertmanager sends an alert that joins a
+        group already notified at the group's next group_interval (chat: 5 m)."""
+        if p.status != "firing" or not p.starts_at or any(lo <= p.received < hi for lo, hi in windows):
+            return None
+        for index, (lo, hi) in enumerate(windows):
+            if lo <= p.starts_at < hi:
+                f = schedule.faults[index]
+                about = _belongs(p, kind(f.kind), dict(culprits.get(index, f.culprit)))
+                return index if about else None
+        return None
+
     scored = []
     for index, f in enumerate(schedule.faults):
         k = kind(f.kind)
@@ -321,6 +336,10 @@ def score(
         first = expected[0] if expected else None
         paged = next((p for p in expected if _is_pager(p.receiver)), None)
         pager_ids = {p.notification or id(p) for p in mine if _is_pager(p.receiver) and p.status == "firing"}
+        # A page sent after the window about this fault is still one of its pages.
+        pager_ids |= {
+            p.notification or id(p) for p in alerts if _is_pager(p.receiver) and began_in(p) == index
+        }
         resolved_early = {
             p.notification
             for p in mine
@@ -389,17 +408,8 @@ def score(
         window = looks_back.get(p.name)
         return window is not None and any(p.received - window <= lo < p.received for lo, _ in windows)
 
-    def began_in_fault(p: Page) -> bool:
-        """Sent in healthy time, about a fault it began firing in: Alertmanager added it to a group
-        already notified, and a group waits its group_interval (chat: 5 m) to send what is new."""
-        for index, (lo, hi) in enumerate(windows):
-            if p.starts_at and lo <= p.starts_at < hi:
-                f = schedule.faults[index]
-                return _belongs(p, kind(f.kind), dict(culprits.get(index, f.culprit)))
-        return False
-
-    late = tuple(row(p) for p in healthy if began_in_fault(p))
-    healthy = [p for p in healthy if not began_in_fault(p)]
+    late = tuple(row(p) for p in healthy if began_in(p) is not None)
+    healthy = [p for p in healthy if began_in(p) is None]
     false_pages = tuple(row(p) for p in healthy if _is_pager(p.receiver))
     chat = [p for p in healthy if p.receiver == "chat"]
     false_chat = tuple(row(p) for p in chat if not after_fault(p))
