@@ -95,6 +95,13 @@ def main() -> int:
         help="a campaign's JSON (python -m babysitter.campaign --json)",
     )
     p.add_argument("--notes", type=Path, default=None, help="markdown to put after the head (what was found)")
+    p.add_argument(
+        "--merge",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="one summary column for the campaigns whose label starts with PREFIX (one played in parts)",
+    )
     p.add_argument("--json", type=Path, default=RESULTS / "campaign.json")
     p.add_argument("--markdown", type=Path, default=RESULTS / "campaign.md")
     args = p.parse_args()
@@ -122,7 +129,9 @@ def main() -> int:
     )
     command = "python benchmarks/campaign.py " + shlex.join(sys.argv[1:])
     notes = args.notes.read_text().strip() + "\n\n" if args.notes else ""
-    args.markdown.write_text(_HEAD + "\n" + machine + "\n\n" + notes + markdown(done, command=command))
+    args.markdown.write_text(
+        _HEAD + "\n" + machine + "\n\n" + notes + markdown(done, command=command, merged=args.merge)
+    )
     print(f"wrote {args.markdown} and {args.json}")
     return 0
 

@@ -15,7 +15,7 @@ from babysitter.campaign.cluster import campaign_config, pace_policy
 from babysitter.campaign.faults import GREYHOUND, KINDS, LLAMA3, draw_weights, kind
 from babysitter.campaign.rank import Control
 from babysitter.campaign.schedule import Fault, Schedule, Shape, build_schedule, duration, timing_for
-from babysitter.campaign.score import score, switch_pages
+from babysitter.campaign.score import Score, score, switch_pages
 from babysitter.demo.pager import Page
 from babysitter.generate.config import parse_duration
 
@@ -426,6 +426,25 @@ class TestScore:
         resolved = [_page(215.0, "Watchdog", "deadmansswitch", status="resolved")]
         s = score(self.SCHEDULE, beats + resolved, 0.0, culprits=self.CULPRITS, switch_period=20.0, end=230.0)
         assert s.faults[1].consequences == ("DeadMansSwitch",)  # paged at 215 s: 195 s + 20 s
+
+    def test_a_campaign_played_in_parts_is_graded_as_one(self) -> None:
+        """The shipped profile's hours run as parts side by side; their JSON grades merge into one
+        summary: one part alone gives its own summary back, two add their faults and healthy time."""
+        pages = [
+            _page(103.0, "GpuXidCritical", instance="h1:9", gpu="0"),
+            _page(207.0, "InfinibandPortDown", instance="h2:9", device="mlx5_0", port="1"),
+            _page(480.0, "CheckpointOverdue", run="r"),
+            _page(180.0, "TrainingGoodputLow", "chat", run="r"),
+        ]
+        part = json.loads(json.dumps(score(self.SCHEDULE, pages, 0.0, culprits=self.CULPRITS).to_json()))
+        assert Score.merged([part]).summary == part["summary"]
+        whole = Score.merged([part, part]).summary
+        one = part["summary"]
+        for key in ("faults", "detected", "culprit_right", "culprit_wrong", "false_pages", "false_chat"):
+            assert whole[key] == 2 * one[key], key
+        for key in ("recall", "false_pages_per_healthy_hour", "notifications_per_fault", "paged_median_s"):
+            assert whole[key] == one[key], key
+        assert whole["healthy_hours"] == pytest.approx(2 * part["healthy_seconds"] / 3600, abs=1e-3)
 
     def test_the_switch_pages_when_heartbeats_stop(self) -> None:
         beats = [_page(t, "Watchdog", "deadmansswitch") for t in range(0, 200, 5)]

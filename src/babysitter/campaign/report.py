@@ -12,8 +12,9 @@ from typing import Any
 
 from babysitter.campaign.faults import kind
 from babysitter.campaign.play import Outcome
+from babysitter.campaign.score import Score
 
-__all__ = ["PUBLISHED", "markdown", "to_json"]
+__all__ = ["PUBLISHED", "markdown", "merge", "to_json"]
 
 #: The field's published figures (docs: /shared/reference/campaigns.md), as they are published.
 PUBLISHED: tuple[tuple[str, str, str], ...] = (
@@ -164,11 +165,22 @@ def summary_lines(campaigns: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def markdown(campaigns: Sequence[Mapping[str, Any]], *, command: str = "") -> str:
-    """The results page: the summary next to the published figures, then each campaign's schedule and
-    per-fault table, its notifications in healthy time and its job's restarts."""
+def merge(campaigns: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, Any]:
+    """The campaigns whose label starts with ``prefix`` (one campaign played in parts, side by side:
+    the shipped profile's hours do not fit one run) as one summary column, ``PREFIX, all parts``."""
+    parts = [c for c in campaigns if str(c.get("label", "")).startswith(prefix)]
+    if not parts:
+        raise ValueError(f"no campaign's label starts with {prefix!r}")
+    whole = Score.merged([c["score"] for c in parts])
+    return {"label": f"{prefix}, all {len(parts)} parts", "score": whole.to_json()}
+
+
+def markdown(campaigns: Sequence[Mapping[str, Any]], *, command: str = "", merged: Sequence[str] = ()) -> str:
+    """The results page: the summary next to the published figures (with a column for each prefix in
+    ``merged``: a campaign played in parts, as one), then each campaign's schedule and per-fault
+    table, its notifications in healthy time and its job's restarts."""
     out = ["## Summary", ""]
-    out += summary_lines(campaigns)
+    out += summary_lines([*[merge(campaigns, prefix) for prefix in merged], *campaigns])
     out += ["", "Published figures, for comparison (their methods differ: production incidents, traces):", ""]
     out += ["| system | figure | how |", "|---|---|---|"]
     out += [f"| {a} | {b} | {c} |" for a, b, c in PUBLISHED]

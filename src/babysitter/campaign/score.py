@@ -107,6 +107,30 @@ class Score:
     #: (a late page counts among its fault's pager notifications too).
     late: tuple[dict[str, Any], ...] = ()
 
+    @classmethod
+    def merged(cls, parts: Sequence[Mapping[str, Any]]) -> Score:
+        """One grade from the JSON grades (:meth:`to_json`) of a campaign played in parts (its
+        faults split over runs side by side): every fault and healthy second of each, summed up."""
+        def fault(f: Mapping[str, Any]) -> FaultScore:
+            fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in f.items()}
+            return FaultScore(**fields)
+
+        faults = tuple(fault(f) for part in parts for f in part["faults"])
+
+        def rows(key: str) -> tuple[dict[str, Any], ...]:
+            return tuple(row for part in parts for row in part.get(key, ()))
+
+        whole = cls(
+            faults,
+            round(sum(float(part["healthy_seconds"]) for part in parts), 1),
+            rows("false_pages"),
+            rows("false_chat"),
+            {},
+            rows("hindsight_chat"),
+            rows("late"),
+        )
+        return replace(whole, summary=_summary(whole))
+
     def to_json(self) -> dict[str, Any]:
         """Its JSON form."""
         return {
