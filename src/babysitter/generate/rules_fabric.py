@@ -47,14 +47,19 @@ MAX_NIC_INDEX = 4
 def increased(selector: str, window: str, memory: str = "6h") -> str:
     """How much each counter grew in ``window``: its value now minus its last one before the window
     (looked for over ``memory``), where that is more than 0. A series without a value before the
-    window (an agent started within it, or back after a gap longer than ``memory``) counts from its
-    first reading in the window: the agent's first reading is its past and never counts, but what
-    grows after it does, at once. (Without that, a link that went down in an agent's first
-    ``window``, as after the reboot that follows a fault, paged only once the window had passed:
-    the shipped-profile campaign's flapping port paged 3.5 minutes late and its link-down 8.5.)"""
+    window (an agent started within it, or back after a gap longer than ``memory``), or reset within
+    it (the host rebooted, the driver reloaded), counts from its lowest reading in the window: the
+    agent's first reading is its past and never counts, but what grows after it, or after the reset,
+    does, at once. (Without that, a link that went down in an agent's first ``window``, as after the
+    reboot that follows a fault, paged only once the window had passed: the shipped-profile
+    campaign's flapping port paged 3.5 minutes late and its link-down 8.5.)"""
     before = f"last_over_time({selector}[{memory}] offset {window})"
-    young = f"(({selector} - min_over_time({selector}[{window}])) > 0 unless {before})"
-    return f"((({selector} - {before}) > 0) or {young})"
+    since_low = f"({selector} - min_over_time({selector}[{window}])) > 0"
+    return (
+        f"((({selector} - {before}) > 0)"
+        f" or ({since_low} unless {before})"
+        f" or ({since_low} and resets({selector}[{window}]) > 0))"
+    )
 
 
 def _port_errors(cfg: GenerateConfig) -> str:

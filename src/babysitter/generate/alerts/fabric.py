@@ -107,6 +107,8 @@ def fabric_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
                 # An agent first read mlx5_7 at 19m (4: history), which went down at 22m: that pages at
                 # once, not after the port's series is older than the window.
                 (_series(errors, _port(device="mlx5_7", counter="link_downed")), "_x19 4+0x2 5+0x30"),
+                # mlx5_5's host rebooted at 16m (its counters back to 0), and the link went down at 21m.
+                (_series(errors, _port(device="mlx5_5", counter="link_downed")), "7+0x15 0+0x4 1+0x30"),
             ),
             quiet=(
                 ("10m", "the agent's first reading: history"),
@@ -114,7 +116,7 @@ def fabric_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
                 ("37m", f"the down left the {lw} window"),
             ),
             fire_at="23m",
-            fire_labels=(_port_labels(), _port_labels(device="mlx5_7")),
+            fire_labels=(_port_labels(), _port_labels(device="mlx5_5"), _port_labels(device="mlx5_7")),
             fire_text=tuple(
                 (
                     f"Fabric link {device}/1 on n1:9400 went down 1 times.",
@@ -123,7 +125,7 @@ def fabric_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
                     "as it lasts; NVIDIA's NIC monitor treats any growth as fatal. Drain the host and "
                     "check the cable and the switch port.",
                 )
-                for device in ("mlx5_3", "mlx5_7")
+                for device in ("mlx5_3", "mlx5_5", "mlx5_7")
             ),
         ),
     )
