@@ -111,6 +111,7 @@ class Score:
     def merged(cls, parts: Sequence[Mapping[str, Any]]) -> Score:
         """One grade from the JSON grades (:meth:`to_json`) of a campaign played in parts (its
         faults split over runs side by side): every fault and healthy second of each, summed up."""
+
         def fault(f: Mapping[str, Any]) -> FaultScore:
             fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in f.items()}
             return FaultScore(**fields)
