@@ -70,9 +70,10 @@ class GenerateConfig:
     #: use the server's ``evaluation_interval``.
     page_eval_interval: str = "15s"
     #: Evaluation interval of the group of alerts on a GPU that failed hard (a paging Xid, an
-    #: uncorrectable ECC error, a failed row remap): scrape 15 s + 5 s + the pager route's 5 s
-    #: group_wait pages them within 30 s. The group reads Xid, ECC and row-remap counters only (the
-    #: GPU group's heavy throttle and clock windows stay at ``page_eval_interval``).
+    #: uncorrectable ECC error, a failed row remap) and of a fatal PCIe AER error: scrape 15 s + 5 s +
+    #: the pager route's 5 s group_wait pages them within 30 s. The groups read Xid, ECC, row-remap and
+    #: AER counters only (the GPU group's heavy throttle and clock windows stay at
+    #: ``page_eval_interval``).
     fatal_eval_interval: str = "5s"
 
     # --- aggregation windows ----------------------------------------------------------------------

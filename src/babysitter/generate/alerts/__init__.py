@@ -23,7 +23,7 @@ from collections.abc import Callable
 from babysitter.generate.alerts._common import Alert, AlertTest
 from babysitter.generate.alerts.checkpoint import checkpoint_alerts
 from babysitter.generate.alerts.claims import claim_alerts
-from babysitter.generate.alerts.fabric import fabric_alerts
+from babysitter.generate.alerts.fabric import fabric_alerts, fabric_fatal_alerts
 from babysitter.generate.alerts.gpu import gpu_fatal_alerts, gpu_other_alerts
 from babysitter.generate.alerts.host import host_alerts
 from babysitter.generate.alerts.integrity import integrity_alerts
@@ -49,14 +49,16 @@ _GROUPS: tuple[tuple[str, Callable[[GenerateConfig, Records], list[Alert]]], ...
     ("babysitter-gpu-fatal.alerts", gpu_fatal_alerts),
     ("babysitter-gpu.alerts", gpu_other_alerts),
     ("babysitter-remediation.alerts", remediation_alerts),
+    ("babysitter-fabric-fatal.alerts", fabric_fatal_alerts),
     ("babysitter-fabric.alerts", fabric_alerts),
     ("babysitter-host.alerts", host_alerts),
     ("babysitter-monitoring.alerts", monitoring_alerts),
 )
 
 
-#: Groups evaluated every ``fatal_eval_interval``: a GPU that failed hard pages within 30 s.
-_FAST_GROUPS = frozenset({"babysitter-gpu-fatal.alerts"})
+#: Groups evaluated every ``fatal_eval_interval``: a GPU that failed hard, or the PCIe link under it,
+#: pages within 30 s.
+_FAST_GROUPS = frozenset({"babysitter-gpu-fatal.alerts", "babysitter-fabric-fatal.alerts"})
 
 
 def alerts(cfg: GenerateConfig) -> list[Alert]:

@@ -18,7 +18,7 @@ from babysitter.generate.promql import by, eq, regex, select
 from babysitter.generate.rules import Records
 from babysitter.generate.rules_fabric import increased
 
-__all__ = ["fabric_alerts"]
+__all__ = ["fabric_alerts", "fabric_fatal_alerts"]
 
 _ACTIVE = 4  # IBTA PortState Active (5, Active-defer, is up too)
 
@@ -468,6 +468,20 @@ def fabric_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
+    return [down, downed, flapping, symbols, recovery, integrity, slow, width, speed, _aer_alerts(cfg)[1]]
+
+
+def fabric_fatal_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
+    """A fatal AER error: the link was reset, the GPU or NIC behind it is lost or about to be. In the
+    hard GPU faults' fast group (``fatal_eval_interval``), so that it pages within 30 s as they do."""
+    return [_aer_alerts(cfg)[0]]
+
+
+def _aer_alerts(cfg: GenerateConfig) -> tuple[Alert, Alert]:
+    """``PcieAerFatal`` and ``PcieAerNonFatal``: uncorrectable AER errors newly counted on a PCIe link."""
+    ns, c = cfg.node_selector, cfg.cluster_label
+    device = by((c, "instance", "pci_address", "kind"))
+    pci_where = f"{_l('kind')} {_l('pci_address')} on {_l('instance')} (cluster {_l(c)})"
     aw = cfg.pcie_aer_window
     aer = F.PCIE_AER_ERRORS
 
@@ -519,4 +533,4 @@ def fabric_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
         "Non-fatal",
         "A transaction was lost and the driver recovered it; repeats precede fatal errors. Watch the rate.",
     )
-    return [down, downed, flapping, symbols, recovery, integrity, slow, width, speed, fatal, nonfatal]
+    return fatal, nonfatal
