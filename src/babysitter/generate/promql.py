@@ -120,9 +120,11 @@ def growth(selector: str, window: str, memory: str = "6h") -> str:
     ``memory``, where ``offset`` alone would miss it and page again for Xids already paged.
     """
     before = f"last_over_time({selector}[{memory}] offset {window})"
-    return (
-        f"(({selector} - {before}) > 0 or ({selector} > 0 unless {before}) or (({selector} < {before}) > 0))"
-    )
+    # The value before where it is at most the value now, else 0 (no value before; a reset): one
+    # ``before``, where ``(now - before) > 0 or (now > 0 unless before) or ((now < before) > 0)`` read
+    # it three times, and each read loads every sample of ``memory``, the rule's main cost
+    # (benchmarks/results/fatal_groups.md).
+    return f"(({selector} - (({before} <= {selector}) or {selector} * 0)) > 0)"
 
 
 def total_growth(selector: str, key: Sequence[str], per: Sequence[str], window: str, memory: str) -> str:

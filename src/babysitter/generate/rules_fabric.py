@@ -54,12 +54,12 @@ def increased(selector: str, window: str, memory: str = "6h") -> str:
     reboot that follows a fault, paged only once the window had passed: the shipped-profile
     campaign's flapping port paged 3.5 minutes late and its link-down 8.5.)"""
     before = f"last_over_time({selector}[{memory}] offset {window})"
-    since_low = f"({selector} - min_over_time({selector}[{window}])) > 0"
-    return (
-        f"((({selector} - {before}) > 0)"
-        f" or ({since_low} unless {before})"
-        f" or ({since_low} and resets({selector}[{window}]) > 0))"
-    )
+    low = f"{selector} - min_over_time({selector}[{window}])"
+    # ``A or B`` keeps B's series only where A has none: the value before the window where there is
+    # one, else the lowest reading. One ``before``, not two (``... unless before``): each loads every
+    # sample of ``memory``, the rule's main cost (benchmarks/results/fatal_groups.md).
+    reset = f"resets({selector}[{window}]) > 0"
+    return f"(((({selector} - {before}) or ({low})) > 0) or (({low}) > 0 and {reset}))"
 
 
 def _port_errors(cfg: GenerateConfig) -> str:
