@@ -224,7 +224,9 @@ def _report(
     lines = [
         f"Machine: {cpu_model()}, {os.cpu_count()} logical CPUs (shared), load average {load[0]:.1f} "
         "at start.",
-        f"Command: `python benchmarks/bench_fatal_groups.py --hosts {args.hosts} --repeat {args.repeat}`.",
+        f"Command: `python benchmarks/bench_fatal_groups.py --hosts {args.hosts} --repeat {args.repeat}"
+        + ("" if args.rules == REPO / "alerts" else f" --rules {args.rules}")
+        + "`.",
         "",
         f"One host's series of the families the measured rules read (the real node agent, 8 simulated "
         f"H100s, 8 NICs): {families}. {args.hosts} hosts, {SPAN / 3600:.2f} h at {SCRAPE:g} s: "
