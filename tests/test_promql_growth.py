@@ -41,7 +41,9 @@ INCREASED = {"grew": 2, "born_grew": 2, "reset_grew": 2, "gap": 2}
 
 def _run(tmp_path: Path, expr: str, want: dict[str, int]) -> None:
     require_promtool()
-    test = unit_test(SERIES, [(expr, [(f'{{s="{s}"}}', v) for s, v in sorted(want.items())])], eval_time="30m")
+    test = unit_test(
+        SERIES, [(expr, [(f'{{s="{s}"}}', v) for s, v in sorted(want.items())])], eval_time="30m"
+    )
     (tmp_path / "t.yaml").write_text(yaml.safe_dump({"rule_files": [], "tests": [test]}))
     result = promtool(["test", "rules", "t.yaml"], tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
