@@ -28,7 +28,10 @@ pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 #: The faults: a GPU off the bus (the job dies with it and is requeued), a deleted checkpoint, a
 #: stopped rank (the hang must name it and its host).
 FAULTS = ("xid79", "ckpt_deleted", "hang")
-SEED = 2
+#: Seed 18 draws two slow saves as the quiet stretches' noise: a 159 s schedule, where seed 2's eval
+#: phase (22.5 s, and the quiet kept after it) made 179 s and the test 186 s in CI, past the issue's
+#: 3 minutes. The full campaigns (benchmarks/results/campaign.md) play the eval phases and restarts.
+SEED = 18
 
 
 def test_a_short_campaign_pages_every_fault_naming_its_place_and_nothing_else(tmp_path: Path) -> None:
