@@ -468,69 +468,72 @@ def fabric_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
             ),
         ),
     )
-    return [down, downed, flapping, symbols, recovery, integrity, slow, width, speed, _aer_alerts(cfg)[1]]
+    nonfatal = _aer_alert(
+        cfg,
+        "PcieAerNonFatal",
+        severity_label="nonfatal",
+        severity="warning",
+        text="Non-fatal",
+        why=(
+            "A transaction was lost and the driver recovered it; repeats precede fatal errors. "
+            "Watch the rate."
+        ),
+    )
+    return [down, downed, flapping, symbols, recovery, integrity, slow, width, speed, nonfatal]
 
 
 def fabric_fatal_alerts(cfg: GenerateConfig, r: Records) -> list[Alert]:
     """A fatal AER error: the link was reset, the GPU or NIC behind it is lost or about to be. In the
     hard GPU faults' fast group (``fatal_eval_interval``), so that it pages within 30 s as they do."""
-    return [_aer_alerts(cfg)[0]]
+    fatal = _aer_alert(
+        cfg,
+        "PcieAerFatal",
+        severity_label="fatal",
+        severity="critical",
+        text="Fatal",
+        why="The link was reset; a GPU behind it often falls off the bus next (Xid 79). Drain the host.",
+    )
+    return [fatal]
 
 
-def _aer_alerts(cfg: GenerateConfig) -> tuple[Alert, Alert]:
-    """``PcieAerFatal`` and ``PcieAerNonFatal``: uncorrectable AER errors newly counted on a PCIe link."""
+def _aer_alert(
+    cfg: GenerateConfig, name: str, *, severity_label: str, severity: str, text: str, why: str
+) -> Alert:
+    """An alert on the uncorrectable AER errors of one severity newly counted on a PCIe link."""
     ns, c = cfg.node_selector, cfg.cluster_label
     device = by((c, "instance", "pci_address", "kind"))
     pci_where = f"{_l('kind')} {_l('pci_address')} on {_l('instance')} (cluster {_l(c)})"
     aw = cfg.pcie_aer_window
     aer = F.PCIE_AER_ERRORS
-
-    def aer_alert(name: str, severity_label: str, severity: str, text: str, why: str) -> Alert:
-        return Alert(
-            name=name,
-            expr=f"sum {device} (\n  {increased(select(aer, ns, eq('severity', severity_label)), aw)}\n)",
-            severity=severity,
-            component="fabric",
-            summary=f"{text} PCIe errors on {_l('kind')} {_l('pci_address')} of {_l('instance')}.",
-            description=(
-                f"The PCIe link of {pci_where} reported {_V} {severity_label} uncorrectable AER errors in "
-                f"the last {aw} (the device's own and its upstream port's). {why}"
+    return Alert(
+        name=name,
+        expr=f"sum {device} (\n  {increased(select(aer, ns, eq('severity', severity_label)), aw)}\n)",
+        severity=severity,
+        component="fabric",
+        summary=f"{text} PCIe errors on {_l('kind')} {_l('pci_address')} of {_l('instance')}.",
+        description=(
+            f"The PCIe link of {pci_where} reported {_V} {severity_label} uncorrectable AER errors in "
+            f"the last {aw} (the device's own and its upstream port's). {why}"
+        ),
+        for_="0s",
+        test=AlertTest(
+            series=(
+                (_series(aer, _pci(severity=severity_label)), "0+0x20 1+0x30"),
+                (_series(aer, _pci(severity="correctable")), "0+5x50"),
+                (_series(aer, _pci("0000:18:00.0", "gpu", severity=severity_label)), "3+0x50"),
             ),
-            for_="0s",
-            test=AlertTest(
-                series=(
-                    (_series(aer, _pci(severity=severity_label)), "0+0x20 1+0x30"),
-                    (_series(aer, _pci(severity="correctable")), "0+5x50"),
-                    (_series(aer, _pci("0000:18:00.0", "gpu", severity=severity_label)), "3+0x50"),
-                ),
-                quiet=(("20m", "none new; the GPU's 3 are history"), ("37m", f"left the {aw} window")),
-                fire_at="22m",
-                fire_labels=(
-                    {"cluster": "c1", "instance": "n1:9400", "pci_address": "0000:49:00.0", "kind": "nic"},
-                ),
-                fire_text=(
-                    (
-                        f"{text} PCIe errors on nic 0000:49:00.0 of n1:9400.",
-                        "The PCIe link of nic 0000:49:00.0 on n1:9400 (cluster c1) reported 1 "
-                        f"{severity_label} uncorrectable AER errors in the last 15m (the device's own and "
-                        f"its upstream port's). {why}",
-                    ),
+            quiet=(("20m", "none new; the GPU's 3 are history"), ("37m", f"left the {aw} window")),
+            fire_at="22m",
+            fire_labels=(
+                {"cluster": "c1", "instance": "n1:9400", "pci_address": "0000:49:00.0", "kind": "nic"},
+            ),
+            fire_text=(
+                (
+                    f"{text} PCIe errors on nic 0000:49:00.0 of n1:9400.",
+                    "The PCIe link of nic 0000:49:00.0 on n1:9400 (cluster c1) reported 1 "
+                    f"{severity_label} uncorrectable AER errors in the last 15m (the device's own and "
+                    f"its upstream port's). {why}",
                 ),
             ),
-        )
-
-    fatal = aer_alert(
-        "PcieAerFatal",
-        "fatal",
-        "critical",
-        "Fatal",
-        "The link was reset; a GPU behind it often falls off the bus next (Xid 79). Drain the host.",
+        ),
     )
-    nonfatal = aer_alert(
-        "PcieAerNonFatal",
-        "nonfatal",
-        "warning",
-        "Non-fatal",
-        "A transaction was lost and the driver recovered it; repeats precede fatal errors. Watch the rate.",
-    )
-    return fatal, nonfatal
