@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -39,9 +38,11 @@ from babysitter.catalog import ALL
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_fleet import _free_port  # noqa: E402
+sys.path.insert(0, str(REPO / "tests"))  # the scorecard tests' backfill, the agents' port file
 from bench_rule_samples import _cost  # noqa: E402
 from machine import cpu_model  # noqa: E402
+from node_helpers import read_port_file  # noqa: E402
+from test_scorecard_helpers import backfilled_prometheus  # noqa: E402
 
 #: The groups measured: the two fast ones, the fabric group the AER alerts were in before, and the
 #: other groups that read the same counters over ``memory`` (the fabric records, the GPU group's Xids).
@@ -74,13 +75,8 @@ def _capture(work: Path) -> str:
     with (work / "agent.log").open("wb") as log:
         agent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while not (work / "addr").exists() or not (work / "addr").read_text().strip():
-            if agent.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((work / "agent.log").read_text()[-2000:])
-            time.sleep(0.2)
+        url = f"http://{read_port_file(work / 'addr', timeout=60)}/metrics"
         time.sleep(2)
-        url = f"http://{(work / 'addr').read_text().strip()}/metrics"
         with urllib.request.urlopen(url, timeout=30) as response:
             return str(response.read().decode())
     finally:
@@ -145,8 +141,6 @@ def main() -> int:
     alerts = _alerts(args.rules)
     exprs = " ".join(a[2] for a in alerts)
     families = {m.name for m in ALL if re.search(rf"\b{re.escape(m.name)}\b", exprs)}
-    prometheus = shutil.which("prometheus") or "/usr/bin/prometheus"
-    promtool = shutil.which("promtool") or "/usr/bin/promtool"
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-fatal-groups-") as tmp:
         work = Path(tmp)
@@ -156,47 +150,8 @@ def main() -> int:
         end = (time.time() // 3600 - 2) * 3600  # whole hours, before the head block's range
         written = _openmetrics(work / "data.om", series, args.hosts, end)
         started = time.monotonic()
-        subprocess.run(
-            [
-                promtool,
-                "tsdb",
-                "create-blocks-from",
-                "openmetrics",
-                "-q",
-                str(work / "data.om"),
-                str(work / "tsdb"),
-            ],
-            check=True,
-            capture_output=True,
-            timeout=1800,
-        )
-        backfill = time.monotonic() - started
-        (work / "data.om").unlink()
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        (work / "prometheus.yml").write_text("global: {}\n")
-        proc = subprocess.Popen(
-            [
-                prometheus,
-                f"--config.file={work / 'prometheus.yml'}",
-                f"--storage.tsdb.path={work / 'tsdb'}",
-                "--storage.tsdb.retention.time=30d",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=(work / "prometheus.log").open("wb"),
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    with urllib.request.urlopen(f"{url}/-/ready", timeout=5):  # noqa: S310 - loopback
-                        break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError((work / "prometheus.log").read_text()[-2000:]) from None
-                    time.sleep(0.5)
+        with backfilled_prometheus(work, [work / "data.om"]) as url:
+            backfill = time.monotonic() - started
             rows = []
             for group, name, expr, interval in alerts:
                 costs = [_cost(url, expr, end) for _ in range(args.repeat)]
@@ -204,9 +159,6 @@ def main() -> int:
                 if any(c[0] != samples for c in costs):
                     raise RuntimeError(f"{name}: samples differ between evaluations: {costs}")
                 rows.append((group, name, interval, samples, statistics.median(c[2] for c in costs)))
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
     print(_report(args, per_family=per_family, written=written, backfill=backfill, rows=rows, load=load))
     return 0
 
@@ -230,7 +182,7 @@ def _report(
         "",
         f"One host's series of the families the measured rules read (the real node agent, 8 simulated "
         f"H100s, 8 NICs): {families}. {args.hosts} hosts, {SPAN / 3600:.2f} h at {SCRAPE:g} s: "
-        f"{written:,} samples, backfilled in {backfill:.0f} s.",
+        f"{written:,} samples, backfilled and served in {backfill:.0f} s.",
         "",
         "| group | rule | interval | samples per evaluation | per host | per host per second | "
         "evaluation, median (ms) |",
