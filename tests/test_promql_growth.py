@@ -9,6 +9,7 @@ grown, born in the window, reset, and back after a gap longer than the lookback 
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import yaml
@@ -39,13 +40,17 @@ GROWTH = {"grew": 2, "born": 2, "born_grew": 4, "reset_lower": 1, "reset_grew": 
 INCREASED = {"grew": 2, "born_grew": 2, "reset_grew": 2, "gap": 2}
 
 
-def _run(tmp_path: Path, expr: str, want: dict[str, int]) -> None:
+def _promtool(tmp_path: Path, expr: str, want: dict[str, int]) -> subprocess.CompletedProcess[str]:
+    """promtool's verdict on ``expr`` returning exactly ``want`` (series ``s`` -> value) at 30m."""
     require_promtool()
-    test = unit_test(
-        SERIES, [(expr, [(f'{{s="{s}"}}', v) for s, v in sorted(want.items())])], eval_time="30m"
-    )
+    cases = [(expr, [(f'{{s="{s}"}}', v) for s, v in sorted(want.items())])]
+    test = unit_test(SERIES, cases, eval_time="30m")
     (tmp_path / "t.yaml").write_text(yaml.safe_dump({"rule_files": [], "tests": [test]}))
-    result = promtool(["test", "rules", "t.yaml"], tmp_path)
+    return promtool(["test", "rules", "t.yaml"], tmp_path)
+
+
+def _run(tmp_path: Path, expr: str, want: dict[str, int]) -> None:
+    result = _promtool(tmp_path, expr, want)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
 
 
@@ -59,9 +64,5 @@ def test_increased_counts_from_the_first_reading_of_a_new_or_reset_series(tmp_pa
 
 def test_a_wrong_expectation_fails(tmp_path: Path) -> None:
     """Not vacuous: the same harness fails on a value one off, and on a missing series."""
-    require_promtool()
     for want in ({**GROWTH, "grew": 3}, {k: v for k, v in GROWTH.items() if k != "gap"}):
-        cases = [(growth("c", "15m"), [(f'{{s="{s}"}}', v) for s, v in want.items()])]
-        test = unit_test(SERIES, cases, eval_time="30m")
-        (tmp_path / "t.yaml").write_text(yaml.safe_dump({"rule_files": [], "tests": [test]}))
-        assert promtool(["test", "rules", "t.yaml"], tmp_path).returncode != 0, want
+        assert _promtool(tmp_path, growth("c", "15m"), want).returncode != 0, want
